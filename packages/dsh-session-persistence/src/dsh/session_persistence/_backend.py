@@ -1,0 +1,125 @@
+"""The backend protocol: the only contract between the coordinator and storage (coordinator.md §2.1).
+
+A backend implements small durable primitives; the :class:`~dsh.session_persistence.PersistenceCoordinator`
+owns serialization, cursors, lazy materialization, validation and crash repair on top of them. Blocking I/O
+belongs in worker threads (``anyio.to_thread.run_sync``), one durable step per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ._events import SessionEvent
+from ._header import SessionHeader
+
+__all__ = [
+    "RawArtifact",
+    "SessionBackend",
+    "SessionLocation",
+    "SessionSnapshot",
+    "StorageMetadata",
+    "StoredPrefix",
+    "StoredSuffix",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StorageMetadata:
+    """The header and the exact inherited cut, which always travel together."""
+
+    meta: SessionHeader
+    inherited_event_count: int = 0
+
+
+@dataclass(slots=True)
+class StoredPrefix:
+    """What ``load_stored`` returns: the longest valid contiguous prefix from seq 0.
+
+    ``torn_marker`` is opaque to the coordinator and is present (``is not None``) iff a never-committed tail
+    fragment follows ``events``; it is handed back unchanged to ``commit_repair``. ``revision`` identifies
+    exactly these values. The objects must be fresh and unshared.
+    """
+
+    meta: SessionHeader
+    inherited_event_count: int
+    events: list[SessionEvent]
+    revision: str
+    torn_marker: object | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSuffix:
+    """What the optional seek read ``load_stored_from`` returns (no torn marker, nothing repaired)."""
+
+    meta: SessionHeader
+    inherited_event_count: int
+    events: list[SessionEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSnapshot:
+    """A stored header with an opaque revision token: compare revisions with ``==`` only."""
+
+    header: SessionHeader
+    revision: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLocation:
+    """Where a backend keeps one session's artifact: a hint, not proof that it exists."""
+
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class RawArtifact:
+    """A session's artifact text, verbatim (decoded from compression, never re-serialized)."""
+
+    meta: SessionHeader
+    inherited_event_count: int
+    filename: str
+    content: str
+
+
+@runtime_checkable
+class SessionBackend(Protocol):
+    """Durable primitives a backend provides. Optional ones are looked up with ``getattr``:
+
+    ``load_stored_from(id, from_seq) -> StoredSuffix | None``, ``materialize_header(storage)``,
+    ``rewrite(storage, events)``, ``locate(meta) -> SessionLocation | None``, ``read_raw(id) -> RawArtifact | None``
+    (with ``supports_raw_artifacts = True``), ``aclose()``.
+    """
+
+    #: Unique backend name, used by discovery, the CLI and log lines (e.g. ``"memory"``, ``"jsonl"``).
+    NAME: str
+
+    async def load_stored(self, session_id: str) -> StoredPrefix | None:
+        """Find the id in every storage scope; ``None`` if absent. Committed-region damage must raise."""
+        ...
+
+    async def read_stored_revision(self, session_id: str) -> str | None:
+        """Cheap current revision of the stored log, ``None`` if absent."""
+        ...
+
+    async def append_batch(
+        self, storage: StorageMetadata, events: Sequence[SessionEvent], is_materialized: bool
+    ) -> None:
+        """Durably append a contiguous batch; header, cut and first batch commit atomically when not materialized."""
+        ...
+
+    async def commit_repair(
+        self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]
+    ) -> None:
+        """Truncate the torn tail (if ``torn_marker is not None``), then durably append ``closers``."""
+        ...
+
+    async def list(self) -> list[SessionHeader]:
+        """Headers of every materialized session, without parsing logs."""
+        ...
+
+    async def list_snapshots(self) -> list[SessionSnapshot]:
+        """Headers with revisions of every materialized session, without parsing logs."""
+        ...

@@ -1,0 +1,129 @@
+"""The incremental turn/step validator (session-core §2.2): O(1) per event.
+
+Runs on every seed and restore, and on every append when the invariant companion is registered. Crash-repair
+output always satisfies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._errors import TurnInvariantError
+from ._events import (
+    AssistantChunk,
+    AssistantMessage,
+    RequestContext,
+    RequestHeader,
+    SessionEvent,
+    StepEnd,
+    StepStart,
+    TodoWrite,
+    ToolCall,
+    ToolResult,
+    TurnEnd,
+    TurnStart,
+)
+from ._repair import TOOL_NOT_STARTED
+
+__all__ = ["TurnValidator", "validate_turns"]
+
+_IN_TURN = (RequestHeader, RequestContext, TodoWrite)
+
+
+class TurnValidator:
+    """Checks one event at a time against the turn/step rules; raises :class:`TurnInvariantError`."""
+
+    __slots__ = ("_last_seq", "_next_step", "_next_turn", "_open_step", "_open_turn", "_pending")
+
+    def __init__(self) -> None:
+        self._open_turn: int | None = None
+        self._open_step: int | None = None
+        self._next_turn = 1
+        self._next_step = 1
+        self._pending: set[str] = set()
+        self._last_seq = -1
+
+    @property
+    def open_turn(self) -> int | None:
+        """The open turn number, or ``None`` between turns."""
+        return self._open_turn
+
+    def check(self, event: SessionEvent) -> None:
+        """Validate ``event`` against the state so far and advance the state."""
+        seq = event.seq
+        if seq <= self._last_seq:
+            self._fail("seq-order", seq, f"event seq {seq} is not greater than the previous seq {self._last_seq}")
+        kind = type(event)
+        if kind is TurnStart:
+            turn = event.data.turn  # type: ignore[union-attr]
+            if self._open_turn is not None:
+                self._fail("turn-open", seq, f"turn/start {turn} while turn {self._open_turn} is still open")
+            if turn != self._next_turn:
+                self._fail("turn-number", seq, f"turn/start expected turn {self._next_turn}, got {turn}")
+            self._open_turn = turn
+            self._next_step = 1
+            self._pending.clear()
+        elif kind is TurnEnd:
+            turn = event.data.turn  # type: ignore[union-attr]
+            if turn != self._open_turn:
+                self._fail("turn-end", seq, f"turn/end {turn} does not match open turn {self._open_turn}")
+            if self._open_step is not None:
+                self._fail("turn-end-step", seq, f"turn/end {turn} while step {self._open_step} is still open")
+            self._open_turn = None
+            self._next_turn += 1
+            self._pending.clear()
+        elif kind is StepStart:
+            data = event.data  # type: ignore[union-attr]
+            self._require_turn(seq, "step/start", data.turn)
+            if self._open_step is not None:
+                self._fail("step-open", seq, f"step/start {data.step} while step {self._open_step} is still open")
+            if data.step != self._next_step:
+                self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {data.step}")
+            self._open_step = data.step
+        elif kind is StepEnd:
+            data = event.data  # type: ignore[union-attr]
+            self._require_step(seq, "step/end", data.turn, data.step)
+            self._open_step = None
+            self._next_step += 1
+            self._pending.clear()
+        elif kind is AssistantChunk or kind is AssistantMessage:
+            data = event.data  # type: ignore[union-attr]
+            self._require_step(seq, event.type, data.turn, data.step)
+        elif kind is ToolCall:
+            data = event.data  # type: ignore[union-attr]
+            self._require_step(seq, "tool/call", data.turn, data.step)
+            self._pending.add(data.call_id)
+        elif kind is ToolResult:
+            data = event.data  # type: ignore[union-attr]
+            self._require_step(seq, "tool/result", data.turn, data.step)
+            call_id = getattr(data.message.source, "call_id", None)
+            synthetic_not_started = getattr(data.error, "code", None) == TOOL_NOT_STARTED
+            if call_id in self._pending:
+                self._pending.discard(call_id)
+            elif not synthetic_not_started:
+                self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
+        elif isinstance(event, _IN_TURN):
+            if self._open_turn is None:
+                self._fail("outside-turn", seq, f"{event.type} outside an open turn")
+        self._last_seq = seq
+
+    def _require_turn(self, seq: int, what: str, turn: int) -> None:
+        if self._open_turn is None or turn != self._open_turn:
+            self._fail("turn-mismatch", seq, f"{what} names turn {turn} but the open turn is {self._open_turn}")
+
+    def _require_step(self, seq: int, what: str, turn: int, step: int) -> None:
+        self._require_turn(seq, what, turn)
+        if self._open_step is None or step != self._open_step:
+            self._fail("step-mismatch", seq, f"{what} names step {step} but the open step is {self._open_step}")
+
+    @staticmethod
+    def _fail(rule: str, seq: int, message: str) -> None:
+        raise TurnInvariantError(f"{message} (seq {seq}, rule {rule})", rule, seq)
+
+
+def validate_turns(events: Iterable[SessionEvent]) -> TurnValidator:
+    """Validate a whole log; returns the validator so callers can continue checking appended events."""
+    validator = TurnValidator()
+    for event in events:
+        validator.check(event)
+    return validator
