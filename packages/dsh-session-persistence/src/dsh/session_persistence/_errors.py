@@ -10,6 +10,8 @@ from __future__ import annotations
 __all__ = [
     "EventValidationError",
     "IncompleteInheritedPrefixError",
+    "ReentrantAppendError",
+    "SessionLifecycleError",
     "LiveTurnOpenError",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
@@ -107,3 +109,11 @@ class TurnInvariantError(ValueError):
         super().__init__(message)
         self.rule = rule
         self.seq = seq
+
+
+class ReentrantAppendError(RuntimeError):
+    """A ``session_event`` observer tried to append while the previous append was still being published."""
+
+
+class SessionLifecycleError(ValueError):
+    """A session store operation named a session that is not live, or an id that is taken."""

@@ -286,9 +286,7 @@ class InterruptedReason(_Value, tag_field="kind", tag="interrupted"):
     """Written only by crash repair, never by a live loop."""
 
 
-TurnEndReason = Union[
-    CompletedReason, AbortedReason, BlockedReason, ErrorReason, MaxTokensReason, InterruptedReason
-]
+TurnEndReason = Union[CompletedReason, AbortedReason, BlockedReason, ErrorReason, MaxTokensReason, InterruptedReason]
 
 # --------------------------------------------------------------------------------------------------------------
 # Request records
@@ -398,9 +396,7 @@ class TodoWriteData(_Value):
 # Events
 
 
-class _Event(
-    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel", tag_field="type"
-):
+class _Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, rename="camel", tag_field="type"):
     """Envelope shared by every known event: ``seq`` is always the index in the log, ``time`` epoch ms."""
 
     type: ClassVar[str]

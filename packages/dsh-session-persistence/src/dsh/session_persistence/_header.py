@@ -20,10 +20,6 @@ __all__ = [
 #: The only log format this build reads and writes.
 SESSION_FORMAT_VERSION = 0
 
-_KNOWN_KEYS = frozenset(
-    {"version", "id", "createdAt", "cwd", "parentSession", "isSeeded", "origin", "delegationDepth", "agentPreset"}
-)
-
 
 class SessionHeader(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Header of one session. Optional fields are left out of the wire form when unset.

@@ -102,9 +102,8 @@ class TurnValidator:
                 self._pending.discard(call_id)
             elif not synthetic_not_started:
                 self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
-        elif isinstance(event, _IN_TURN):
-            if self._open_turn is None:
-                self._fail("outside-turn", seq, f"{event.type} outside an open turn")
+        elif isinstance(event, _IN_TURN) and self._open_turn is None:
+            self._fail("outside-turn", seq, f"{event.type} outside an open turn")
         self._last_seq = seq
 
     def _require_turn(self, seq: int, what: str, turn: int) -> None:

@@ -1,0 +1,57 @@
+"""Fork boundaries: which prefix of a live session a child may inherit (session-core §5.4)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._events import SessionEvent, TurnEnd, TurnStart
+from ._json import is_safe_int
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["SessionForkError", "fork_seed"]
+
+
+class SessionForkError(ValueError):
+    """A fork request that cannot be honoured; ``code`` is one of ``SESSION_ALREADY_EXISTS``,
+    ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``INVALID_BOUNDARY``, ``OPEN_TURN``."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fork_seed(source: Session, boundary: int | None) -> list[SessionEvent]:
+    """The inherited prefix ``events[0..boundary]``; the boundary must not end inside an open turn."""
+    events = source.events
+    sid = source.id
+    if boundary is None:
+        if not events:
+            return []
+        boundary = len(events) - 1
+    if not is_safe_int(boundary) or boundary < 0:
+        raise SessionForkError(
+            f'fork boundary for session "{sid}" must be a non-negative safe integer, got {boundary!r}',
+            "INVALID_BOUNDARY",
+        )
+    if boundary >= len(events):
+        last = len(events) - 1 if events else "none"
+        raise SessionForkError(
+            f'fork boundary {boundary} does not exist in session "{sid}" (last seq: {last})',
+            "INVALID_BOUNDARY",
+        )
+    if events[boundary].seq != boundary:
+        raise SessionForkError(
+            f'fork boundary {boundary} does not match a contiguous event seq in session "{sid}"',
+            "INVALID_BOUNDARY",
+        )
+    for event in reversed(events[: boundary + 1]):
+        if type(event) is TurnEnd:
+            break
+        if type(event) is TurnStart:
+            raise SessionForkError(
+                f'fork boundary {boundary} in session "{sid}" ends inside open turn {event.data.turn}',
+                "OPEN_TURN",
+            )
+    return list(events[: boundary + 1])
