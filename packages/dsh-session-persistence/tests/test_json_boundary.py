@@ -267,6 +267,13 @@ def test_indirect_cycle_through_list_is_rejected() -> None:
         snapshot_json(a)
 
 
+def test_cycle_below_the_root_is_rejected_as_a_cycle() -> None:
+    inner: dict[str, Any] = {"k": 1}
+    inner["again"] = [inner]
+    with pytest.raises(NotLosslessJsonError, match=r"cycle .* at \$\.outer\[1\]\.again\[0\]$"):
+        snapshot_json({"outer": [0, inner]})
+
+
 def test_900_deep_list_is_accepted_and_round_trips_through_msgspec() -> None:
     assert MAX_JSON_DEPTH >= 900
     value = _nested_list(900)
@@ -394,14 +401,15 @@ def test_property_cycles_are_rejected_wherever_planted(value: JsonValue) -> None
             containers.append(v)
             todo.extend(v)
     for target in containers:
-        if type(target) is list:
-            target.append(root)
-        else:
-            target["__cycle__"] = root
-        with pytest.raises(NotLosslessJsonError, match="cycle"):
-            snapshot_json(root)
-        if type(target) is list:
-            target.pop()
-        else:
-            del target["__cycle__"]
+        for loop_to in (root, target):  # back to the root, and a container onto itself
+            if type(target) is list:
+                target.append(loop_to)
+            else:
+                target["__cycle__"] = loop_to
+            with pytest.raises(NotLosslessJsonError, match="cycle"):
+                snapshot_json(root)
+            if type(target) is list:
+                target.pop()
+            else:
+                del target["__cycle__"]
     assert snapshot_json(root) == root
