@@ -614,7 +614,7 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
     """Decode one JSON line into an event; the typed fast path falls back to :func:`decode_event` for errors."""
     try:
         event = _known_decoder.decode(line)
-    except msgspec.ValidationError:
+    except msgspec.DecodeError:  # includes ValidationError; the slow path explains what is wrong
         pass
     else:
         if event.surface:
@@ -631,7 +631,8 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
 
 def event_to_builtins(event: SessionEvent) -> dict[str, Any]:
     """The event as a plain JSON object (what is stored and exported)."""
-    out: dict[str, Any] = msgspec.to_builtins(event)
+    # Through JSON rather than msgspec.to_builtins, which keeps tuples: the result must be plain JSON.
+    out: dict[str, Any] = _json_decoder.decode(_encoder.encode(event))
     return out
 
 

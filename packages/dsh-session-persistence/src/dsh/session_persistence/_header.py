@@ -41,7 +41,7 @@ class SessionHeader(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 def header_to_builtins(header: SessionHeader) -> dict[str, Any]:
     """The header as a plain JSON object (camelCase keys, unset fields absent)."""
-    out: dict[str, Any] = msgspec.to_builtins(header)
+    out: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(header))
     return out
 
 

@@ -38,7 +38,7 @@ from ._events import (
 from ._fork import SessionForkError, fork_seed
 from ._gather import gather_settled
 from ._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
-from ._json import NotLosslessJsonError, is_safe_int, snapshot_json
+from ._json import is_safe_int, snapshot_json
 from ._repair import has_open_turn
 from ._validator import TurnValidator, validate_turns
 
@@ -67,10 +67,7 @@ def _header_from(meta: SessionHeader | dict[str, Any] | None, session_id: str, c
 
 def _seed_event(value: SessionEvent | dict[str, Any], index: int) -> SessionEvent:
     if isinstance(value, dict):
-        try:
-            value = snapshot_json(value, f"seed event at index {index}")  # type: ignore[assignment]
-        except NotLosslessJsonError as exc:
-            raise NotLosslessJsonError(f"seed event at index {index} is not losslessly JSON-serializable") from exc
+        value = snapshot_json(value, f"seed event at index {index}")  # type: ignore[assignment]
         try:
             event = decode_event(value)
         except EventValidationError as exc:
@@ -240,21 +237,11 @@ class Session:
         A failure before the commit leaves the log unchanged; after the commit the append is final and observer
         failures are logged by the host, never raised here.
         """
-        try:
-            payload = snapshot_json(data, f'session event "{event_type}"')
-        except NotLosslessJsonError as exc:
-            raise NotLosslessJsonError(
-                f'session event "{event_type}" carries non-JSON-serializable data: {exc}'
-            ) from exc
+        payload = snapshot_json(data, f'session event "{event_type}" data')
         envelope: dict[str, Any] = {"type": event_type, "seq": len(self._events), "time": 0, "data": payload}
         if source_event_seqs is not None:
             seqs = list(source_event_seqs)
-            try:
-                snapshot_json(seqs, "surface metadata")
-            except NotLosslessJsonError as exc:
-                raise NotLosslessJsonError(
-                    f'session event "{event_type}" carries non-JSON-serializable surface metadata'
-                ) from exc
+            snapshot_json(seqs, f'session event "{event_type}" surface metadata')
             envelope["sourceEventSeqs"] = seqs
         if event_type in SURFACE_EVENT_TYPES:
             envelope["surfaceOp"] = "append"

@@ -1,0 +1,141 @@
+"""The event model: two-phase decode, wire names, unknown types, surface rules, exact round trips."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from dsh.session_persistence._errors import EventValidationError
+from dsh.session_persistence._events import (
+    EVENT_TYPES,
+    OpaqueEvent,
+    ToolCall,
+    decode_event,
+    decode_event_line,
+    encode_event,
+    event_to_builtins,
+    first_refused_unknown,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+SAMPLES: list[dict[str, Any]] = [
+    {"type": "turn/start", "seq": 0, "time": 1, "data": {"turn": 1}},
+    {"type": "turn/end", "seq": 0, "time": -5, "data": {"turn": 1, "reason": {"kind": "aborted", "reason": {"kind": "hook", "reason": "x"}}}},
+    {"type": "turn/end", "seq": 0, "time": 1, "data": {"turn": 1, "reason": {"kind": "error", "error": {"message": "m", "code": "UNKNOWN", "status": 500}}}},
+    {"type": "step/start", "seq": 3, "time": 1, "data": {"turn": 1, "step": 2}},
+    {"type": "step/end", "seq": 3, "time": 1, "data": {"turn": 1, "step": 2}},
+    {"type": "user/message", "seq": 0, "time": 1, "surfaceOp": "append", "data": {"id": "u", "role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image", "attachment": {"mime": "image/png", "ref": "a"}}], "source": {"kind": "plugin", "plugin": "p"}}},
+    {"type": "assistant/chunk", "seq": 0, "time": 1, "data": {"turn": 1, "step": 1, "chunk": {"type": "tool-call-delta", "index": 1, "id": "c", "name": "t", "argumentsDelta": "{"}}},
+    {"type": "assistant/chunk", "seq": 0, "time": 1, "data": {"turn": 1, "step": 1, "chunk": {"type": "finish", "reason": {"kind": "stop"}, "replayState": {"opaque": [1]}}}},
+    {"type": "assistant/chunk", "seq": 0, "time": 1, "data": {"turn": 1, "step": 1, "chunk": {"type": "block-end", "index": 0, "block": {"type": "reasoning", "text": "hmm"}}}},
+    {"type": "assistant/message", "seq": 4, "time": 1, "surfaceOp": "append", "sourceEventSeqs": [], "data": {"turn": 1, "step": 1, "message": {"id": "a", "role": "assistant", "content": [{"type": "tool-call", "id": "c", "name": "t", "arguments": "{}"}], "source": {"kind": "model", "provider": "p", "model": "m"}}, "usage": {"inputTokens": 3, "outputTokens": 4, "cacheReadTokens": 1}, "interrupted": True}},
+    {"type": "tool/call", "seq": 0, "time": 1, "data": {"turn": 1, "step": 1, "callId": "c", "name": "t", "arguments": "{\"a\": 1}"}},
+    {"type": "tool/result", "seq": 6, "time": 1, "surfaceOp": "append", "sourceEventSeqs": [5], "data": {"turn": 1, "step": 1, "message": {"id": "r", "role": "user", "content": [{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "ok"}]}], "source": {"kind": "tool", "callId": "c"}}, "meta": {"anything": [None, 1.5]}}},
+    {"type": "request/header", "seq": 0, "time": 1, "data": {"header": {"config": {"provider": "p", "model": "m", "temperature": 0.5, "maxTokens": 100, "stop": ["x"]}, "adapterDefaults": {"maxTokens": True}, "system": "be brief", "tools": [{"name": "t"}]}, "reason": "initial"}},
+    {"type": "request/context", "seq": 0, "time": 1, "data": {"provider": "p", "model": "m", "contextWindow": 1000}},
+    {"type": "session/end-seed", "seq": 0, "time": 1, "data": {}},
+    {"type": "todo/write", "seq": 0, "time": 1, "data": {"todos": [{"content": "x", "status": "in_progress"}]}},
+    {"type": "plugin/thing", "seq": 0, "time": 1, "data": None, "ignorable": True},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s["type"])
+def test_round_trip_is_exact(sample: dict[str, Any]) -> None:
+    event = decode_event(sample)
+    assert event.type == sample["type"]
+    assert event_to_builtins(event) == sample
+    assert msgspec.json.decode(encode_event(event)) == sample
+    assert decode_event_line(encode_event(event)) == event
+    assert decode_event_line(msgspec.json.encode(sample)) == event
+
+
+def test_wire_names_are_camel_case() -> None:
+    event = decode_event(SAMPLES[9])
+    assert isinstance(event, ToolCall)
+    assert event.data.call_id == "c"
+    assert b'"callId"' in encode_event(event)
+
+
+def test_every_known_type_has_a_sample() -> None:
+    assert set(EVENT_TYPES) <= {s["type"] for s in SAMPLES}
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        ({"type": "turn/start", "seq": 0, "time": 1, "data": {"turn": 1, "extra": 1}}, "turn/start"),
+        ({"type": "turn/start", "seq": 0, "time": 1, "data": {"turn": "1"}}, "turn/start"),
+        ({"type": "turn/start", "seq": 0, "time": 1, "data": {"turn": 1.0}}, "turn/start"),
+        ({"type": "turn/end", "seq": 0, "time": 1, "data": {"turn": 1, "reason": {"kind": "exploded"}}}, "turn/end"),
+        ({"type": "request/header", "seq": 0, "time": 1, "data": {"header": {"config": {"provider": "", "model": "m"}}, "reason": "initial"}}, "request/header"),
+        ({"type": "request/header", "seq": 0, "time": 1, "data": {"header": {"config": {"provider": "p", "model": "m"}}, "reason": "fallback"}}, "request/header"),
+        ({"type": "turn/start", "seq": 2**53, "time": 1, "data": {"turn": 1}}, "seq"),
+        ({"type": "user/message", "seq": 0, "time": 1, "surfaceOp": {"op": "replace", "start": 0, "end": 0}, "data": {}}, "replace"),
+        ({"type": "user/message", "seq": 0, "time": 1, "surfaceOp": "invalid", "data": {}}, "invalid surfaceOp"),
+        ({"type": "tool/result", "seq": 3, "time": 1, "surfaceOp": "append", "sourceEventSeqs": [], "data": {}}, "sourceEventSeqs"),
+        ({"type": "tool/result", "seq": 3, "time": 1, "surfaceOp": "append", "sourceEventSeqs": [1, 1], "data": {}}, "sourceEventSeqs"),
+        ({"type": "plugin/x", "seq": 3, "time": 1, "surfaceOp": "append", "data": {}}, "not surface-eligible"),
+    ],
+)  # fmt: skip
+def test_rejections_are_specific(obj: dict[str, Any], message: str) -> None:
+    with pytest.raises(EventValidationError, match=message):
+        decode_event(obj)
+    with pytest.raises(EventValidationError, match=message):
+        decode_event_line(msgspec.json.encode(obj))
+
+
+def test_unknown_types_are_opaque_and_refusal_is_the_readers_choice() -> None:
+    known = decode_event(SAMPLES[0])
+    kept = decode_event({"type": "future/x", "seq": 1, "time": 1, "data": {"a": 1}, "ignorable": True})
+    refused = decode_event_line(b'{"type":"future/y","seq":2,"time":1,"data":[1]}')
+    assert isinstance(kept, OpaqueEvent) and isinstance(refused, OpaqueEvent)
+    assert first_refused_unknown([known, kept]) is None
+    assert first_refused_unknown([known, kept, refused]) is refused
+
+
+def test_bad_json_line() -> None:
+    with pytest.raises(EventValidationError, match="invalid event line"):
+        decode_event_line(b"{not json")
+
+
+json_scalars = st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(max_size=5)
+json_values = st.recursive(
+    json_scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3), max_leaves=8
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    text=st.text(max_size=20),
+    seq=st.integers(1, 2**53 - 1),
+    time=st.integers(-(2**53) + 1, 2**53 - 1),
+    meta=json_values,
+    call_id=st.text(min_size=1, max_size=8),
+)
+def test_fast_and_slow_decoders_agree(text: str, seq: int, time: int, meta: Any, call_id: str) -> None:
+    obj = {
+        "type": "tool/result",
+        "seq": seq,
+        "time": time,
+        "surfaceOp": "append",
+        "sourceEventSeqs": [seq - 1],
+        "data": {
+            "turn": 1,
+            "step": 1,
+            "message": {
+                "id": "r",
+                "role": "user",
+                "content": [
+                    {"type": "tool-result", "toolCallId": call_id, "content": [{"type": "text", "text": text}]}
+                ],
+                "source": {"kind": "tool", "callId": call_id},
+            },
+            "meta": meta,
+        },
+    }
+    line = msgspec.json.encode(obj)
+    event = decode_event_line(line)
+    assert event == decode_event(msgspec.json.decode(line))
+    assert event_to_builtins(event) == obj

@@ -1,0 +1,102 @@
+"""The incremental turn/step validator: session-core §7 scenario 60."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dsh.session_persistence._errors import TurnInvariantError
+from dsh.session_persistence._events import SessionEvent, decode_event
+from dsh.session_persistence._repair import TOOL_NOT_STARTED
+from dsh.session_persistence._validator import TurnValidator, validate_turns
+
+
+def log(*specs: tuple[str, Any]) -> list[SessionEvent]:
+    events = []
+    for seq, (etype, data) in enumerate(specs):
+        extra = {"surfaceOp": "append"} if etype in ("user/message", "tool/result", "assistant/message") else {}
+        events.append(decode_event({"type": etype, "seq": seq, "time": 0, "data": data, **extra}))
+    return events
+
+
+def result_data(call_id: str, step: int = 1, code: str | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "turn": 1,
+        "step": step,
+        "message": {
+            "id": "r",
+            "role": "user",
+            "content": [{"type": "tool-result", "toolCallId": call_id, "content": [], "isError": code is not None}],
+            "source": {"kind": "tool", "callId": call_id},
+        },
+    }
+    if code is not None:
+        data["error"] = {"name": "ToolNotStartedError", "code": code}
+    return data
+
+
+TS1 = ("turn/start", {"turn": 1})
+TE1 = ("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+SS11 = ("step/start", {"turn": 1, "step": 1})
+SE11 = ("step/end", {"turn": 1, "step": 1})
+
+
+def expect(rule: str, *specs: tuple[str, Any]) -> None:
+    with pytest.raises(TurnInvariantError) as info:
+        validate_turns(log(*specs))
+    assert info.value.rule == rule, info.value
+
+
+def test_turn_rules() -> None:
+    with pytest.raises(TurnInvariantError, match="still open"):
+        validate_turns(log(TS1, ("turn/start", {"turn": 2})))
+    with pytest.raises(TurnInvariantError, match="does not match open turn 1"):
+        validate_turns(log(TS1, ("turn/end", {"turn": 2, "reason": {"kind": "completed"}})))
+    with pytest.raises(TurnInvariantError, match="expected turn 2, got 3"):
+        validate_turns(log(TS1, TE1, ("turn/start", {"turn": 3})))
+    expect("turn-end-step", TS1, SS11, TE1)
+
+
+def test_step_rules() -> None:
+    expect("step-number", TS1, ("step/start", {"turn": 1, "step": 2}))
+    expect("step-open", TS1, SS11, ("step/start", {"turn": 1, "step": 2}))
+    expect("step-mismatch", TS1, SS11, ("step/end", {"turn": 1, "step": 2}))
+    expect("turn-mismatch", TS1, ("step/start", {"turn": 2, "step": 1}))
+    validate_turns(log(TS1, SS11, SE11, ("step/start", {"turn": 1, "step": 2})))
+
+
+def test_events_outside_turns() -> None:
+    expect("outside-turn", ("request/context", {"provider": "p", "model": "m"}))
+    validate_turns(
+        log(
+            ("user/message", {"id": "u", "role": "user", "content": [], "source": {"kind": "user"}}),
+            ("plugin/anything", {}),
+            ("session/end-seed", {}),
+        )
+    )
+
+
+def test_tool_results() -> None:
+    call = ("tool/call", {"turn": 1, "step": 1, "callId": "c", "name": "t", "arguments": "{}"})
+    validate_turns(log(TS1, SS11, call, ("tool/result", result_data("c")), SE11, TE1))
+    validate_turns(log(TS1, SS11, ("tool/result", result_data("x", code=TOOL_NOT_STARTED)), SE11, TE1))
+    expect("result-without-call", TS1, SS11, ("tool/result", result_data("x")))
+    expect(
+        "result-without-call",
+        TS1,
+        SS11,
+        call,
+        SE11,
+        ("step/start", {"turn": 1, "step": 2}),
+        ("tool/result", result_data("c", step=2)),
+    )
+
+
+def test_incremental_use_matches_batch() -> None:
+    events = log(TS1, SS11, SE11, TE1)
+    validator = TurnValidator()
+    for event in events:
+        validator.check(event)
+    assert validator.open_turn is None
+    with pytest.raises(TurnInvariantError, match="not greater than the previous seq"):
+        validator.check(events[0])
