@@ -52,7 +52,7 @@ def test_round_trip_is_exact(sample: dict[str, Any]) -> None:
 
 
 def test_wire_names_are_camel_case() -> None:
-    event = decode_event(SAMPLES[9])
+    event = decode_event(next(s for s in SAMPLES if s["type"] == "tool/call"))
     assert isinstance(event, ToolCall)
     assert event.data.call_id == "c"
     assert b'"callId"' in encode_event(event)
