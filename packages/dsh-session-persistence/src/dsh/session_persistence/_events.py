@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from ._errors import EventValidationError
-from ._json import MAX_SAFE_INTEGER, is_safe_int
+from ._json import MAX_SAFE_INTEGER, NotLosslessJsonError, is_safe_int
 
 __all__ = [
     "AbortCause",
@@ -614,7 +614,7 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
     """Decode one JSON line into an event; the typed fast path falls back to :func:`decode_event` for errors."""
     try:
         event = _known_decoder.decode(line)
-    except msgspec.DecodeError:  # includes ValidationError; the slow path explains what is wrong
+    except (msgspec.DecodeError, RecursionError):  # the slow path explains what is wrong
         pass
     else:
         if event.surface:
@@ -626,6 +626,8 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
         obj = _json_decoder.decode(line)
     except msgspec.DecodeError as exc:
         raise EventValidationError(f"invalid event line: {exc}") from exc
+    except RecursionError as exc:  # nesting deeper than the interpreter allows here (see _json.MAX_JSON_DEPTH)
+        raise EventValidationError("invalid event line: nested too deeply to decode") from exc
     return decode_event(obj)
 
 
@@ -638,7 +640,10 @@ def event_to_builtins(event: SessionEvent) -> dict[str, Any]:
 
 def encode_event(event: SessionEvent) -> bytes:
     """Compact JSON of one event, without a trailing newline."""
-    return _encoder.encode(event)
+    try:
+        return _encoder.encode(event)
+    except RecursionError as exc:  # nesting deeper than the interpreter allows here (see _json.MAX_JSON_DEPTH)
+        raise NotLosslessJsonError(f'session event "{event.type}" (seq {event.seq})', "nested too deeply", "$") from exc
 
 
 def first_refused_unknown(events: Iterable[SessionEvent]) -> OpaqueEvent | None:
