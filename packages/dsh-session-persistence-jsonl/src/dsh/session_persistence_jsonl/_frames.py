@@ -1,0 +1,146 @@
+"""Zstandard framing: the structural frame scan, per-frame validation and torn-frame recovery (spec §2.3, §2.6).
+
+python-zstandard's one-shot APIs silently stop at the first frame and silently drop a torn one, so every
+frame is located by a pure-Python structural walk and decoded with a *fresh* ``decompressobj`` whose ``eof``
+and ``unused_data`` are checked. Compressor and decompressor objects are not thread-safe: one per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import zstandard
+
+__all__ = [
+    "MAGIC",
+    "FrameError",
+    "FrameScan",
+    "compress_frame",
+    "decode_frame",
+    "decode_partial",
+    "find_later_complete_frame",
+    "scan_frames",
+]
+
+#: Frame magic number 0xFD2FB528, little-endian on disk.
+MAGIC = b"\x28\xb5\x2f\xfd"
+_CORRUPT = "corrupt Zstandard session log: "
+
+
+class FrameError(ValueError):
+    """The byte structure is corrupt at a complete position (not a torn tail)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameScan:
+    """Byte ranges ``[start, end)`` of complete frames, and where an incomplete final frame starts."""
+
+    frames: list[tuple[int, int]]
+    torn_start: int | None
+
+
+def compress_frame(plaintext: bytes) -> bytes:
+    """One standard frame with a content checksum (level 3, content size pledged, no dictionary)."""
+    return zstandard.ZstdCompressor(level=3, write_checksum=True).compress(plaintext)
+
+
+def _frame_end(buf: bytes | memoryview, start: int) -> int | None:
+    """End offset of the frame starting at ``start``, ``None`` if the buffer ends inside it."""
+    size = len(buf)
+    pos = start
+    if size - pos < 4:
+        return None
+    if bytes(buf[pos : pos + 4]) != MAGIC:
+        raise FrameError(f"{_CORRUPT}invalid frame magic at byte {pos}")
+    pos += 4
+    if pos >= size:
+        return None
+    fhd = buf[pos]
+    if fhd & 0x18:
+        raise FrameError(f"{_CORRUPT}reserved frame-header bit at byte {pos}")
+    pos += 1
+    single_segment = bool(fhd & 0x20)
+    did_flag = fhd & 0x03
+    fcs_flag = fhd >> 6
+    header_rest = (0 if single_segment else 1) + (0, 1, 2, 4)[did_flag]
+    header_rest += (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    pos += header_rest
+    if pos > size:
+        return None
+    while True:
+        if size - pos < 3:
+            return None
+        block = buf[pos] | (buf[pos + 1] << 8) | (buf[pos + 2] << 16)
+        block_type = (block >> 1) & 0x03
+        if block_type == 3:
+            raise FrameError(f"{_CORRUPT}reserved block type at byte {pos}")
+        pos += 3 + (1 if block_type == 1 else block >> 3)
+        if pos > size:
+            return None
+        if block & 1:
+            break
+    if fhd & 0x04:
+        pos += 4
+        if pos > size:
+            return None
+    return pos
+
+
+def scan_frames(buf: bytes | memoryview, max_frames: int | None = None, start: int = 0) -> FrameScan:
+    """Walk the frames of ``buf`` without decompressing; raises :class:`FrameError` on structural corruption.
+
+    A torn result is only possible for the last frame: the walk stops there.
+    """
+    frames: list[tuple[int, int]] = []
+    pos = start
+    while pos < len(buf) and (max_frames is None or len(frames) < max_frames):
+        end = _frame_end(buf, pos)
+        if end is None:
+            return FrameScan(frames, pos)
+        frames.append((pos, end))
+        pos = end
+    return FrameScan(frames, None)
+
+
+def decode_frame(frame: bytes | memoryview, offset: int) -> bytes:
+    """Decode one complete frame with checksum validation; corruption names the frame's byte offset."""
+    dobj = zstandard.ZstdDecompressor().decompressobj()
+    try:
+        out = dobj.decompress(frame)
+    except zstandard.ZstdError as exc:
+        raise FrameError(f"{_CORRUPT}frame at byte {offset} failed validation") from exc
+    if not dobj.eof or dobj.unused_data:
+        raise FrameError(f"{_CORRUPT}frame at byte {offset} failed validation")
+    return out
+
+
+def decode_partial(data: bytes | memoryview) -> bytes:
+    """Whatever plaintext a streaming decoder yields from a torn frame (unverified: no checksum to check)."""
+    try:
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    except zstandard.ZstdError:
+        return b""
+
+
+def find_later_complete_frame(buf: bytes | memoryview, torn_start: int) -> int | None:
+    """Offset of a complete, checksum-valid frame after an apparent torn start, if any (spec §2.6 mitigation).
+
+    A damaged length or flag field in an earlier frame can make it look torn; if a valid frame follows, the
+    "torn" frame was committed and the log is corrupt, not torn.
+    """
+    data = bytes(buf)
+    pos = data.find(MAGIC, torn_start + 1)
+    while pos != -1:
+        try:
+            end = _frame_end(data, pos)
+        except FrameError:
+            end = None
+        if end is not None:
+            try:
+                decode_frame(memoryview(data)[pos:end], pos)
+            except FrameError:
+                pass
+            else:
+                return pos
+        pos = data.find(MAGIC, pos + 1)
+    return None

@@ -1,0 +1,192 @@
+"""JSONL records: the header line, storage lines (events and packed chunk rows), and their errors (spec §2.1).
+
+Each line is one compact JSON value terminated by LF. Line 1 is the header; every later line is an event or a
+packed chunk row that expands to several events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from dsh.session_persistence._backend import StorageMetadata
+from dsh.session_persistence._chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, pack_chunk_rows
+from dsh.session_persistence._errors import SessionFormatUnsupportedError, SessionPersistenceCorruptionError
+from dsh.session_persistence._events import SessionEvent, decode_event, decode_event_line, encode_event
+from dsh.session_persistence._events import event_to_builtins as _event_to_builtins
+from dsh.session_persistence._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins
+from dsh.session_persistence._json import is_safe_int
+from msgspec import UNSET
+
+__all__ = [
+    "LineDefect",
+    "NotAHeaderError",
+    "corrupt",
+    "decode_line",
+    "encode_batch",
+    "encode_header_line",
+    "parse_header_line",
+]
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+_ROW_PREFIXES = tuple(b'{"type":"' + tag.encode() + b'"' for tag in sorted(CHUNK_ROW_TAGS))
+_RETIRED_KEYS = ("sandboxMode", "approvalPolicy")
+
+
+class LineDefect(ValueError):
+    """A complete storage line that does not decode to events (bad JSON, bad row, bad envelope)."""
+
+
+class NotAHeaderError(ValueError):
+    """The first line parses as JSON but is not a session header (``list`` skips such sessions)."""
+
+
+def corrupt(message: str, path: str | None = None) -> SessionPersistenceCorruptionError:
+    """A corruption error with the spec's text, naming the artifact when known."""
+    return SessionPersistenceCorruptionError(message if path is None else f"{message} (session log: {path})")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def encode_header_line(storage: StorageMetadata) -> bytes:
+    """The header line, keys in on-disk order, ``delegationDepth`` always present, LF-terminated."""
+    header = storage.meta
+    obj: dict[str, Any] = {"type": "session", "version": header.version, "id": header.id}
+    obj["createdAt"] = header.created_at
+    if header.cwd is not UNSET:
+        obj["cwd"] = header.cwd
+    if header.parent_session is not UNSET:
+        obj["parentSession"] = header.parent_session
+    obj["isSeeded"] = header.is_seeded
+    if storage.inherited_event_count:
+        obj["inheritedEventCount"] = storage.inherited_event_count
+    if header.origin is not UNSET:
+        obj["origin"] = header.origin
+    obj["delegationDepth"] = 0 if header.delegation_depth is UNSET else header.delegation_depth
+    if header.agent_preset is not UNSET:
+        obj["agentPreset"] = header.agent_preset
+    return _encoder.encode(obj) + b"\n"
+
+
+def encode_batch(events: Sequence[SessionEvent], pack_chunks: bool) -> bytes:
+    """A batch's storage lines joined by LF plus one trailing LF (``b""`` for an empty batch)."""
+    if not events:
+        return b""
+    if not pack_chunks:
+        return b"\n".join(encode_event(e) for e in events) + b"\n"
+    rows = pack_chunk_rows([_event_to_builtins(e) for e in events])
+    return b"\n".join(_encoder.encode(r) for r in rows) + b"\n"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def decode_line(line: bytes) -> list[SessionEvent]:
+    """Decode one storage line (without its LF) into the events it holds, or raise :class:`LineDefect`.
+
+    Unknown event types come back as ``OpaqueEvent``: whether they may be interpreted is the coordinator's call.
+    """
+    try:
+        if not line.startswith(_ROW_PREFIXES):
+            try:
+                return [decode_event_line(line)]
+            except ValueError:
+                # Possibly a row with a different key order: fall through to the generic path.
+                pass
+        obj = _decoder.decode(line)
+        members = expand_chunk_row(obj)
+        if members is None:
+            return [decode_event(obj)]
+        return [decode_event(m) for m in members]
+    except (ValueError, msgspec.MsgspecError, RecursionError) as exc:
+        raise LineDefect(str(exc)) from exc
+
+
+def _version_text(version: int | float) -> str:
+    if type(version) is float and version.is_integer():
+        return str(int(version))
+    return str(version)
+
+
+def _id_text(value: object) -> str:
+    if type(value) is str:
+        return value
+    try:
+        return _encoder.encode(value).decode()
+    except (TypeError, msgspec.MsgspecError):  # pragma: no cover - decoded JSON always re-encodes
+        return repr(value)
+
+
+def format_refusal(obj: dict[str, Any], version: int | float) -> str:
+    """The session-core §5.5 refusal text for a header whose version is not ours."""
+    sid = _id_text(obj.get("id"))
+    v = _version_text(version)
+    if version > SESSION_FORMAT_VERSION:
+        return (
+            f'session "{sid}" uses log format v{v}, but this harness reads only v{SESSION_FORMAT_VERSION}: '
+            "the log was written by a newer harness — upgrade the harness to open it"
+        )
+    return (
+        f'session "{sid}" uses log format v{v}, older than the supported v{SESSION_FORMAT_VERSION}, '
+        "and this build ships no upgrade path for it"
+    )
+
+
+def _foreign_version(obj: object) -> int | float | None:
+    if type(obj) is not dict:
+        return None
+    version = obj.get("version")
+    if isinstance(version, (int, float)) and type(version) is not bool and version != SESSION_FORMAT_VERSION:
+        return version
+    return None
+
+
+def parse_header_line(line: bytes, path: str, *, refuse_versions: bool = True) -> tuple[SessionHeader, int]:
+    """Validate the first line (without LF) in the spec's order; return the header and the inherited cut.
+
+    Order: JSON, then the version refusal straight from the raw object (a future header need not look like
+    today's), then the shape, then retired keys. ``refuse_versions=False`` (``list``) accepts any well-shaped
+    version. Raises :class:`NotAHeaderError` for JSON that is not a header, so ``list`` can skip it.
+    """
+    try:
+        obj = _decoder.decode(line)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise NotAHeaderError("corrupt session log: header line is not valid JSON") from exc
+    version = _foreign_version(obj)
+    if refuse_versions and version is not None:
+        assert type(obj) is dict
+        raise SessionFormatUnsupportedError(format_refusal(obj, version), location=path)
+    if type(obj) is not dict or obj.get("type") != "session":
+        raise NotAHeaderError("corrupt session log: first line is not a session header")
+    if obj.get("id") == "":
+        raise corrupt(f'corrupt session log "{path}": header id cannot name a storage path')
+    header, cut = _header_shape(obj)
+    if any(key in obj for key in _RETIRED_KEYS):
+        raise corrupt("corrupt session log: session header uses retired policy baseline fields", path)
+    return header, cut
+
+
+def _header_shape(obj: dict[str, Any]) -> tuple[SessionHeader, int]:
+    bad = "corrupt session log: first line is not a session header"
+    version = obj.get("version")
+    if not is_safe_int(version) or "delegationDepth" not in obj:
+        raise NotAHeaderError(bad)
+    cut = obj.get("inheritedEventCount", 0)
+    if not is_safe_int(cut) or cut < 0:
+        raise NotAHeaderError(bad)
+    body = {k: v for k, v in obj.items() if k not in ("type", "inheritedEventCount", *_RETIRED_KEYS)}
+    body["version"] = SESSION_FORMAT_VERSION
+    try:
+        header = header_from_builtins(body)
+    except ValueError as exc:
+        raise NotAHeaderError(f"{bad}: {exc}") from exc
+    if cut and not header.is_seeded:
+        raise NotAHeaderError(f"{bad}: inheritedEventCount {cut} on a session that is not seeded")
+    if version != SESSION_FORMAT_VERSION:
+        header = msgspec.structs.replace(header, version=version)
+    return header, cut
