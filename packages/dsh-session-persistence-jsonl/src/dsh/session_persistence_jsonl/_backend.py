@@ -54,8 +54,12 @@ RAW_FILENAME = "session.jsonl"
 class SessionLogExistsError(SessionAlreadyExistsError, FileExistsError):
     """First materialization found a transcript already on disk (or lost a same-id publication race).
 
-    Both a :class:`SessionAlreadyExistsError` and a ``FileExistsError``: the existing log is never overwritten.
+    Both a :class:`SessionAlreadyExistsError` and a ``FileExistsError`` (``errno.EEXIST``, ``filename`` = the
+    transcript): the existing log is never overwritten.
     """
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
 
 
 def _checkpoint() -> None:
@@ -361,7 +365,6 @@ class JsonlBackend:
 
 
 def _exists_error(message: str, path: str) -> SessionLogExistsError:
-    exc = SessionLogExistsError(message)
-    exc.errno = errno.EEXIST
+    exc = SessionLogExistsError(errno.EEXIST, message)
     exc.filename = path
     return exc
