@@ -1,0 +1,49 @@
+"""Format refusals: a stored log that is intact but that this build cannot interpret (session-core §5.5).
+
+A refusal is never wrapped as corruption: it tells the operator which way to go (upgrade the harness, or there
+is no upgrade path) and, when the backend keeps one artifact per session, where the raw log is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._errors import SessionFormatUnsupportedError
+from ._events import SessionEvent, first_refused_unknown
+from ._header import SESSION_FORMAT_VERSION
+
+__all__ = ["check_format_version", "refuse_unknown_events"]
+
+
+def check_format_version(session_id: object, version: object, location: str | None = None) -> None:
+    """Raise :class:`SessionFormatUnsupportedError` unless ``version`` is :data:`SESSION_FORMAT_VERSION`.
+
+    A version that is not a number is left to header validation (it is corruption, not a refusal).
+    """
+    if type(version) not in (int, float) or version == SESSION_FORMAT_VERSION:
+        return
+    shown = int(version) if isinstance(version, float) and version.is_integer() else version
+    current = SESSION_FORMAT_VERSION
+    if version > current:  # type: ignore[operator]
+        message = (
+            f'session "{session_id}" uses log format v{shown}, but this harness reads only v{current}: '
+            "the log was written by a newer harness — upgrade the harness to open it"
+        )
+    else:
+        message = (
+            f'session "{session_id}" uses log format v{shown}, older than the supported v{current}, '
+            "and this build ships no upgrade path for it"
+        )
+    raise SessionFormatUnsupportedError(message, location)
+
+
+def refuse_unknown_events(session_id: str, events: Iterable[SessionEvent], location: str | None = None) -> None:
+    """Raise :class:`SessionFormatUnsupportedError` for the first unknown event type not marked ``ignorable``."""
+    refused = first_refused_unknown(events)
+    if refused is None:
+        return
+    raise SessionFormatUnsupportedError(
+        f'session "{session_id}" contains event type "{refused.type}" (seq {refused.seq}) unknown to this harness '
+        "and not marked ignorable; refusing to interpret the log — it was likely written by a newer harness",
+        location,
+    )
