@@ -1,0 +1,152 @@
+"""The conformance rig: fresh backend instances over one storage, and coordinators opened over them.
+
+A new backend instance over the same storage stands for a process restart: whatever it reads is what survived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
+    from exceptiongroup import ExceptionGroup
+
+from .._backend import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix
+from .._coordinator import PersistenceCoordinator
+from .._events import SessionEvent
+from .._header import SessionHeader
+from .._host import Host
+from .._session import SessionStore
+
+__all__ = ["BackendFactory", "ConformanceRig", "Opened", "aclose_backend"]
+
+#: Builds a new backend instance over the test's one storage (a new instance = a process restart).
+BackendFactory = Callable[[], SessionBackend]
+
+#: The longest write-behind window the coordinator accepts: "never expires during a test".
+NEVER_MS = 2_147_483_647
+
+
+@dataclass
+class Opened:
+    """One running persistence stack: the host, its session store, the coordinator and its backend."""
+
+    host: Host
+    store: SessionStore
+    persistence: PersistenceCoordinator
+    backend: SessionBackend
+    #: The close must fail with an ``ExceptionGroup`` containing this type (settable inside the block).
+    drain_failure: type[Exception] | None = None
+
+
+async def aclose_backend(backend: SessionBackend) -> None:
+    """Close a backend that was used without a coordinator (``aclose`` is optional)."""
+    aclose = getattr(backend, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class ConformanceRig:
+    """What every kit test uses to reach the backend under test through public API only."""
+
+    def __init__(self, factory: BackendFactory, plant: Callable[..., Awaitable[None]]) -> None:
+        self._factory = factory
+        self._plant = plant
+
+    def new_backend(self) -> SessionBackend:
+        """A new backend instance over the test's storage (a restart of the process that owns it)."""
+        return self._factory()
+
+    @asynccontextmanager
+    async def backend(self) -> AsyncIterator[SessionBackend]:
+        """A new backend instance, closed afterwards."""
+        backend = self.new_backend()
+        try:
+            yield backend
+        finally:
+            await aclose_backend(backend)
+
+    @asynccontextmanager
+    async def open(
+        self,
+        backend: SessionBackend | None = None,
+        *,
+        host: Host | None = None,
+        delay_ms: int = 200,
+        drain_failure: type[Exception] | None = None,
+    ) -> AsyncIterator[Opened]:
+        """Start a coordinator over ``backend`` (default: a new instance) on ``host`` (default: a new one).
+
+        Leaving the block closes the coordinator (final drain, then ``backend.aclose``). With ``drain_failure``
+        the close must fail with an ``ExceptionGroup`` containing that type (buffered events that can never be
+        written, e.g. after an id collision). A failure inside the block always wins over a close failure, so
+        a failed assertion is never masked by the group it leaves behind.
+        """
+        if host is None:
+            host = Host()
+        store = host.sessions if host.sessions is not None else SessionStore(host)
+        if backend is None:
+            backend = self.new_backend()
+        coordinator = PersistenceCoordinator(host, backend, write_batch_max_delay_ms=delay_ms)
+        await coordinator.__aenter__()
+        opened = Opened(host, store, coordinator, backend, drain_failure)
+        try:
+            yield opened
+        except BaseException as exc:
+            # The body's failure is the one to report (the close often re-raises it wrapped in a group).
+            with contextlib.suppress(BaseException):
+                await coordinator.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        drain_failure = opened.drain_failure
+        if drain_failure is None:
+            await coordinator.__aexit__(None, None, None)
+            return
+        try:
+            await coordinator.__aexit__(None, None, None)
+        except ExceptionGroup as group:
+            if group.subgroup(drain_failure) is None:
+                raise
+        else:
+            raise AssertionError(f"expected the coordinator's final drain to fail with {drain_failure.__name__}")
+
+    async def stored(self, session_id: str) -> StoredPrefix | None:
+        """What a restarted process finds: ``load_stored`` through a new backend instance (nothing repaired)."""
+        async with self.backend() as backend:
+            return await backend.load_stored(session_id)
+
+    async def stored_events(self, session_id: str) -> list[SessionEvent] | None:
+        """The stored events seen by a new instance, or ``None`` when nothing is materialized."""
+        prefix = await self.stored(session_id)
+        return None if prefix is None else list(prefix.events)
+
+    async def revision(self, session_id: str) -> str | None:
+        """The current revision as ``list_snapshots`` reports it through a new instance."""
+        async with self.backend() as backend:
+            snapshots: Sequence[SessionSnapshot] = await backend.list_snapshots()
+            for snapshot in snapshots:
+                if snapshot.header.id == session_id:
+                    return snapshot.revision
+        return None
+
+    async def listed_ids(self) -> list[str]:
+        """Ids ``list()`` reports through a new instance."""
+        async with self.backend() as backend:
+            headers: Sequence[SessionHeader] = await backend.list()
+            return [header.id for header in headers]
+
+    async def plant(self, meta: SessionHeader, events: list[SessionEvent], inherited_event_count: int = 0) -> None:
+        """Store ``meta`` and ``events`` verbatim, bypassing every coordinator check (the suite's ``plant_raw``)."""
+        async with self.backend() as backend:
+            await self._plant(backend, StorageMetadata(meta, inherited_event_count), events)
+
+
+def backend_name_and_options(anyio_backend: Any) -> tuple[str, dict[str, Any]]:
+    """Split an ``anyio_backend`` fixture value (``"trio"`` or ``("asyncio", {...})``)."""
+    if isinstance(anyio_backend, str):
+        return anyio_backend, {}
+    name, options = anyio_backend
+    return str(name), dict(options)
