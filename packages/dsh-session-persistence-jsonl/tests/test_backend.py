@@ -240,6 +240,21 @@ async def test_materialize_never_overwrites(make: Factory) -> None:
     assert path.read_bytes() == before
 
 
+async def test_lost_link_race_reports_exists_and_cleans_staging(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pre-check passed but another writer published first: link() fails, nothing is overwritten."""
+    backend = make()
+    st = storage()
+    await write(backend, st, turn_batches(1))
+    path = Path(backend.locate(st.meta).path)
+    before = path.read_bytes()
+    monkeypatch.setattr("dsh.session_persistence_jsonl._backend.is_file", lambda p: False)
+    with pytest.raises(SessionLogExistsError, match='refusing to materialize "s1"') as info:
+        await backend.append_batch(st, session_events(2), False)
+    assert isinstance(info.value.__cause__, FileExistsError)
+    assert path.read_bytes() == before
+    assert os.listdir(path.parent) == [path.name]
+
+
 async def test_materialize_header_then_append(make: Factory) -> None:
     backend = make()
     st = storage("h", None)
