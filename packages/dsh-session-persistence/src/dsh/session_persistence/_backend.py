@@ -7,6 +7,7 @@ belongs in worker threads (``anyio.to_thread.run_sync``), one durable step per c
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -116,10 +117,10 @@ class SessionBackend(Protocol):
         """Truncate the torn tail (if ``torn_marker is not None``), then durably append ``closers``."""
         ...
 
-    async def list(self) -> list[SessionHeader]:
+    async def list(self) -> builtins.list[SessionHeader]:
         """Headers of every materialized session, without parsing logs."""
         ...
 
-    async def list_snapshots(self) -> list[SessionSnapshot]:
+    async def list_snapshots(self) -> builtins.list[SessionSnapshot]:
         """Headers with revisions of every materialized session, without parsing logs."""
         ...

@@ -591,6 +591,37 @@ def _check_source_seqs(etype: str, seq: int, seqs: object) -> None:
         seen.add(s)
 
 
+def _check_message_shape(event: SessionEvent) -> None:
+    """Message shape rules for surface events (session-core §2.1 I5)."""
+    kind = type(event)
+    if kind is UserMessage:
+        message: Message = event.data  # type: ignore[assignment, union-attr]
+        if message.role != "user":
+            raise EventValidationError(f'session event "user/message" (seq {event.seq}) must carry a user message')
+    elif kind is AssistantMessage:
+        message = event.data.message  # type: ignore[union-attr]
+        if message.role != "assistant" or type(message.source) is not ModelSource:
+            raise EventValidationError(
+                f'session event "assistant/message" (seq {event.seq}) must carry an assistant message '
+                "with a model source"
+            )
+    elif kind is ToolResult:
+        message = event.data.message  # type: ignore[union-attr]
+        source = message.source
+        blocks = message.content
+        if (
+            message.role != "user"
+            or type(source) is not ToolSource
+            or len(blocks) != 1
+            or type(blocks[0]) is not ToolResultBlock
+            or blocks[0].tool_call_id != source.call_id
+        ):
+            raise EventValidationError(
+                f'session event "tool/result" (seq {event.seq}) must carry exactly one tool-result block '
+                "answering its source call"
+            )
+
+
 def decode_event(obj: object) -> SessionEvent:
     """Build a frozen event from its plain JSON form (two-phase: envelope, then type).
 
@@ -605,9 +636,12 @@ def decode_event(obj: object) -> SessionEvent:
         return msgspec.convert(env, OpaqueEvent)
     _check_surface(etype, seq, env)
     try:
-        return msgspec.convert(env, cls)
+        event: SessionEvent = msgspec.convert(env, cls)
     except msgspec.ValidationError as exc:
         raise EventValidationError(f'invalid session event "{etype}" at seq {seq}: {exc}') from exc
+    if cls.surface:
+        _check_message_shape(event)
+    return event
 
 
 def decode_event_line(line: bytes | str) -> SessionEvent:
@@ -621,6 +655,7 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
             seqs = event.source_event_seqs  # type: ignore[union-attr]
             if seqs is not UNSET:
                 _check_source_seqs(event.type, event.seq, seqs)
+            _check_message_shape(event)
         return event
     try:
         obj = _json_decoder.decode(line)

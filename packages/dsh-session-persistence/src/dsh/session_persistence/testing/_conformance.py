@@ -52,6 +52,7 @@ from .._errors import (
 from .._events import (
     EndSeed,
     InterruptedReason,
+    Message,
     OpaqueEvent,
     SessionEvent,
     TextBlock,
@@ -59,6 +60,8 @@ from .._events import (
     ToolResult,
     ToolResultBlock,
     TurnEnd,
+    UserMessage,
+    UserSource,
     event_types,
 )
 from .._header import SESSION_FORMAT_VERSION, SessionHeader, header_to_builtins
@@ -69,7 +72,6 @@ from ._faults import FaultInjectingBackend, InjectedFault
 from ._logs import (
     WORK,
     assistant_message,
-    event,
     meta,
     one_turn_log,
     opaque,
@@ -557,19 +559,21 @@ class BackendConformance:
 
     async def test_stored_invalid_event_is_corruption(self, conformance: ConformanceRig) -> None:
         """§7.B 23: a stored event that fails validation makes load/inspect raise corruption, cause chained."""
-        wrong_role = event(
-            1,
-            "user/message",
-            {"id": "u", "role": "assistant", "content": [], "source": {"kind": "user"}},
-            surfaceOp="append",
+        # Built as a struct directly: decoding would refuse it, which is exactly what the load must do.
+        wrong_role = UserMessage(
+            seq=1, time=0, surface_op="append", data=Message(id="u", role="assistant", content=(), source=UserSource())
         )
         await conformance.plant(meta("corrupt"), [turn_start(0, 1), wrong_role, turn_end(2, 1)])
         async with conformance.open() as p:
             for read in (p.persistence.load, p.persistence.inspect):
-                with pytest.raises(SessionPersistenceCorruptionError, match='message must have role "user"') as info:
+                with pytest.raises(SessionPersistenceCorruptionError, match="must carry a user message") as info:
                     await read("corrupt")
                 assert info.value.__cause__ is not None
-        assert len(await conformance.stored_events("corrupt") or []) == 3
+        # Nothing was rewritten or dropped: the damaged log is still there, and still refused.
+        assert "corrupt" in await conformance.listed_ids()
+        async with conformance.open() as p:
+            with pytest.raises(SessionPersistenceCorruptionError):
+                await p.persistence.load("corrupt")
 
     # ------------------------------------------------------------------------------------------------------
     # 7.B live sessions through the store
