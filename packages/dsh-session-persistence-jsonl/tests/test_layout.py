@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ._sessions import header
 
-NO_SURROGATES = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40)
+NO_SURROGATES = st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1, max_size=40)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_project_key_is_lossy_and_bounded() -> None:
         project_key("")
 
 
-@given(st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=300))
+@given(st.text(alphabet=st.characters(exclude_categories=["Cs"]), min_size=1, max_size=300))
 def test_project_key_properties(cwd: str) -> None:
     key = project_key(cwd)
     assert key.isascii()

@@ -120,7 +120,7 @@ def test_incomplete_final_line_is_torn_raw() -> None:
 
 
 def test_packed_rows_expand_and_malformed_rows_are_defects() -> None:
-    row = {
+    row: dict[str, Any] = {
         "type": "text-chunks",
         "seq0": 1,
         "time0": 5,
@@ -131,7 +131,7 @@ def test_packed_rows_expand_and_malformed_rows_are_defects() -> None:
     assert seqs(log) == [0, 1, 2, 3, 4]
     assert log.events[2].data.chunk.text == "b"  # type: ignore[union-attr]
     assert log.events[3].time == 8
-    bad = dict(row, data=dict(row["data"], dt=[1]))  # type: ignore[arg-type]
+    bad = dict(row, data=dict(row["data"], dt=[1]))
     with pytest.raises(SessionPersistenceCorruptionError, match="unparsable committed event at line 2"):
         decode_raw_log(raw(ev(0), json.dumps(bad).encode(), ev(4, "turn/end")), PATH)
     skipping = json.dumps(dict(row, seq0=2)).encode()

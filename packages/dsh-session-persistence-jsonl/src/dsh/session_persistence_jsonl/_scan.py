@@ -67,6 +67,7 @@ class LineScanner:
         self.fed = 0
         self.committed = 0
         self.defect: str | None = None
+        self.defect_cause: Exception | None = None
         self._fragment = b""
         self._line_no = 0
 
@@ -75,7 +76,7 @@ class LineScanner:
         """Whether bytes without a terminating LF are pending."""
         return bool(self._fragment)
 
-    def feed(self, chunk: bytes | memoryview) -> None:
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         """Scan the complete lines that ``chunk`` finishes; the caller's buffer is copied, never kept."""
         data = self._fragment + bytes(chunk)
         lines = data.split(b"\n")
@@ -88,14 +89,15 @@ class LineScanner:
         size = len(line) + 1
         if self.defect is not None:
             if self.strict and _decodes(line):
-                raise CommittedDamage(self.defect)
+                raise CommittedDamage(self.defect) from self.defect_cause
             self.fed += size
             return
         expected = len(self.events)
         try:
             events = decode_line(line)
-        except LineDefect:
-            self.defect = f"corrupt session log: unparsable committed event at line {self._line_no}"
+        except LineDefect as exc:
+            self.defect = f"corrupt session log: unparsable committed event at line {self._line_no}: {exc}"
+            self.defect_cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
         else:
             for i, event in enumerate(events):
                 if event.seq != expected + i:
@@ -142,7 +144,7 @@ def decode_raw_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None 
                 checkpoint()
             scanner.feed(view[start : start + _RAW_FEED_CHUNK])
     except CommittedDamage as exc:
-        raise corrupt(str(exc), path) from exc
+        raise corrupt(str(exc), path) from (exc.__cause__ or exc)
     committed_end = end + 1 + scanner.committed
     torn = None
     if committed_end < len(buf):
@@ -162,7 +164,7 @@ def _feed_complete_frames(
         if scanner.has_fragment or not plaintext:
             raise CommittedDamage(_TORN_RECORD)
     if scanner.defect is not None:
-        raise CommittedDamage(_TORN_RECORD)
+        raise CommittedDamage(f"{_TORN_RECORD} ({scanner.defect})") from scanner.defect_cause
 
 
 def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None = None) -> DecodedLog:
@@ -194,7 +196,7 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
     try:
         _feed_complete_frames(view, scan.frames[1:], scanner, checkpoint)
     except (FrameError, CommittedDamage) as exc:
-        raise corrupt(str(exc), path) from exc
+        raise corrupt(str(exc), path) from (exc.__cause__ or exc)
     committed_end = scan.frames[-1][1]
     torn = None
     if torn_start is not None:
