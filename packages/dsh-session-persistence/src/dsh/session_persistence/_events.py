@@ -9,7 +9,7 @@ reader, see :func:`first_refused_unknown`), and so that every rejection carries 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union, cast
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -107,25 +107,25 @@ class _Value(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 # Messages and content blocks
 
 
-class TextBlock(_Value, tag_field="type", tag="text"):
+class TextBlock(_Value, tag_field="type", tag="text", frozen=True):
     text: str
 
 
-class ReasoningBlock(_Value, tag_field="type", tag="reasoning"):
+class ReasoningBlock(_Value, tag_field="type", tag="reasoning", frozen=True):
     text: str
 
 
-class ImageBlock(_Value, tag_field="type", tag="image"):
+class ImageBlock(_Value, tag_field="type", tag="image", frozen=True):
     attachment: Any
 
 
-class ToolCallBlock(_Value, tag_field="type", tag="tool-call"):
+class ToolCallBlock(_Value, tag_field="type", tag="tool-call", frozen=True):
     id: str
     name: str
     arguments: str  # raw model JSON text, kept unparsed
 
 
-class ToolResultBlock(_Value, tag_field="type", tag="tool-result"):
+class ToolResultBlock(_Value, tag_field="type", tag="tool-result", frozen=True):
     tool_call_id: str
     content: tuple[ContentBlock, ...]
     is_error: bool | UnsetType = UNSET
@@ -134,28 +134,28 @@ class ToolResultBlock(_Value, tag_field="type", tag="tool-result"):
 ContentBlock = Union[TextBlock, ReasoningBlock, ImageBlock, ToolCallBlock, ToolResultBlock]
 
 
-class UserSource(_Value, tag_field="kind", tag="user"):
+class UserSource(_Value, tag_field="kind", tag="user", frozen=True):
     pass
 
 
-class PluginSource(_Value, tag_field="kind", tag="plugin"):
+class PluginSource(_Value, tag_field="kind", tag="plugin", frozen=True):
     plugin: str
 
 
-class ModelSource(_Value, tag_field="kind", tag="model"):
+class ModelSource(_Value, tag_field="kind", tag="model", frozen=True):
     provider: Annotated[str, Meta(min_length=1)]
     model: Annotated[str, Meta(min_length=1)]
     replay_state: Any | UnsetType = UNSET
 
 
-class ToolSource(_Value, tag_field="kind", tag="tool"):
+class ToolSource(_Value, tag_field="kind", tag="tool", frozen=True):
     call_id: str
 
 
 MessageSource = Union[UserSource, PluginSource, ModelSource, ToolSource]
 
 
-class Message(_Value):
+class Message(_Value, frozen=True):
     """A model-visible message (user, assistant or tool result)."""
 
     id: Annotated[str, Meta(min_length=1)]
@@ -164,7 +164,7 @@ class Message(_Value):
     source: MessageSource
 
 
-class TokenUsage(_Value):
+class TokenUsage(_Value, frozen=True):
     input_tokens: Count
     output_tokens: Count
     cache_read_tokens: Count | UnsetType = UNSET
@@ -172,7 +172,7 @@ class TokenUsage(_Value):
     reasoning_tokens: Count | UnsetType = UNSET
 
 
-class LlmFailure(_Value):
+class LlmFailure(_Value, frozen=True):
     message: str
     code: str
     status: SafeInt | UnsetType = UNSET
@@ -184,43 +184,43 @@ class LlmFailure(_Value):
 # Stream chunks
 
 
-class FinishReason(_Value):
+class FinishReason(_Value, frozen=True):
     kind: str  # "stop" | "tool-calls" | "max-tokens" | "error" | "aborted"
     error: LlmFailure | UnsetType = UNSET
 
 
-class BlockStartChunk(_Value, tag_field="type", tag="block-start"):
+class BlockStartChunk(_Value, tag_field="type", tag="block-start", frozen=True):
     index: Count
     block_type: str
 
 
-class TextDeltaChunk(_Value, tag_field="type", tag="text-delta"):
+class TextDeltaChunk(_Value, tag_field="type", tag="text-delta", frozen=True):
     index: Count
     text: str
 
 
-class ReasoningDeltaChunk(_Value, tag_field="type", tag="reasoning-delta"):
+class ReasoningDeltaChunk(_Value, tag_field="type", tag="reasoning-delta", frozen=True):
     index: Count
     text: str
 
 
-class ToolCallDeltaChunk(_Value, tag_field="type", tag="tool-call-delta"):
+class ToolCallDeltaChunk(_Value, tag_field="type", tag="tool-call-delta", frozen=True):
     index: Count
     id: str
     arguments_delta: str
     name: str | UnsetType = UNSET
 
 
-class BlockEndChunk(_Value, tag_field="type", tag="block-end"):
+class BlockEndChunk(_Value, tag_field="type", tag="block-end", frozen=True):
     index: Count
     block: ContentBlock
 
 
-class UsageChunk(_Value, tag_field="type", tag="usage"):
+class UsageChunk(_Value, tag_field="type", tag="usage", frozen=True):
     usage: TokenUsage
 
 
-class FinishChunk(_Value, tag_field="type", tag="finish"):
+class FinishChunk(_Value, tag_field="type", tag="finish", frozen=True):
     reason: FinishReason
     replay_state: Any | UnsetType = UNSET
 
@@ -239,50 +239,50 @@ StreamChunk = Union[
 # Turn end reasons
 
 
-class UserAbort(_Value, tag_field="kind", tag="user"):
+class UserAbort(_Value, tag_field="kind", tag="user", frozen=True):
     pass
 
 
-class ParentAbort(_Value, tag_field="kind", tag="parent"):
+class ParentAbort(_Value, tag_field="kind", tag="parent", frozen=True):
     pass
 
 
-class HookAbort(_Value, tag_field="kind", tag="hook"):
+class HookAbort(_Value, tag_field="kind", tag="hook", frozen=True):
     reason: str
 
 
-class DisposedAbort(_Value, tag_field="kind", tag="disposed"):
+class DisposedAbort(_Value, tag_field="kind", tag="disposed", frozen=True):
     pass
 
 
-class LegacyAbort(_Value, tag_field="kind", tag="legacy"):
+class LegacyAbort(_Value, tag_field="kind", tag="legacy", frozen=True):
     pass
 
 
 AbortCause = Union[UserAbort, ParentAbort, HookAbort, DisposedAbort, LegacyAbort]
 
 
-class CompletedReason(_Value, tag_field="kind", tag="completed"):
+class CompletedReason(_Value, tag_field="kind", tag="completed", frozen=True):
     pass
 
 
-class AbortedReason(_Value, tag_field="kind", tag="aborted"):
+class AbortedReason(_Value, tag_field="kind", tag="aborted", frozen=True):
     reason: AbortCause
 
 
-class BlockedReason(_Value, tag_field="kind", tag="blocked"):
+class BlockedReason(_Value, tag_field="kind", tag="blocked", frozen=True):
     pass
 
 
-class ErrorReason(_Value, tag_field="kind", tag="error"):
+class ErrorReason(_Value, tag_field="kind", tag="error", frozen=True):
     error: LlmFailure
 
 
-class MaxTokensReason(_Value, tag_field="kind", tag="max-tokens"):
+class MaxTokensReason(_Value, tag_field="kind", tag="max-tokens", frozen=True):
     pass
 
 
-class InterruptedReason(_Value, tag_field="kind", tag="interrupted"):
+class InterruptedReason(_Value, tag_field="kind", tag="interrupted", frozen=True):
     """Written only by crash repair, never by a live loop."""
 
 
@@ -292,7 +292,7 @@ TurnEndReason = Union[CompletedReason, AbortedReason, BlockedReason, ErrorReason
 # Request records
 
 
-class RequestConfig(_Value):
+class RequestConfig(_Value, frozen=True):
     provider: Annotated[str, Meta(min_length=1)]
     model: Annotated[str, Meta(min_length=1)]
     reasoning_effort: Annotated[str, Meta(min_length=1)] | UnsetType = UNSET
@@ -301,12 +301,12 @@ class RequestConfig(_Value):
     stop: tuple[str, ...] | UnsetType = UNSET
 
 
-class AdapterDefaults(_Value):
+class AdapterDefaults(_Value, frozen=True):
     reasoning_effort: Literal[True] | UnsetType = UNSET
     max_tokens: Literal[True] | UnsetType = UNSET
 
 
-class EpochHeader(_Value):
+class EpochHeader(_Value, frozen=True):
     """The request envelope in force: config, system prompt and tool schemas."""
 
     config: RequestConfig
@@ -319,27 +319,27 @@ class EpochHeader(_Value):
 # Event payloads
 
 
-class TurnStartData(_Value):
+class TurnStartData(_Value, frozen=True):
     turn: Count
 
 
-class TurnEndData(_Value):
+class TurnEndData(_Value, frozen=True):
     turn: Count
     reason: TurnEndReason
 
 
-class StepData(_Value):
+class StepData(_Value, frozen=True):
     turn: Count
     step: Count
 
 
-class AssistantChunkData(_Value):
+class AssistantChunkData(_Value, frozen=True):
     turn: Count
     step: Count
     chunk: StreamChunk
 
 
-class AssistantMessageData(_Value):
+class AssistantMessageData(_Value, frozen=True):
     turn: Count
     step: Count
     message: Message
@@ -347,7 +347,7 @@ class AssistantMessageData(_Value):
     interrupted: Literal[True] | UnsetType = UNSET
 
 
-class ToolCallData(_Value):
+class ToolCallData(_Value, frozen=True):
     turn: Count
     step: Count
     call_id: str
@@ -355,12 +355,12 @@ class ToolCallData(_Value):
     arguments: str
 
 
-class ToolErrorInfo(_Value):
+class ToolErrorInfo(_Value, frozen=True):
     name: str
     code: str
 
 
-class ToolResultData(_Value):
+class ToolResultData(_Value, frozen=True):
     turn: Count
     step: Count
     message: Message
@@ -368,27 +368,27 @@ class ToolResultData(_Value):
     meta: Any | UnsetType = UNSET
 
 
-class RequestHeaderData(_Value):
+class RequestHeaderData(_Value, frozen=True):
     header: EpochHeader
     reason: Literal["initial", "resume", "change"]
 
 
-class RequestContextData(_Value):
+class RequestContextData(_Value, frozen=True):
     provider: str
     model: str
     context_window: Count | UnsetType = UNSET
 
 
-class EndSeedData(_Value):
+class EndSeedData(_Value, frozen=True):
     pass
 
 
-class TodoItem(_Value):
+class TodoItem(_Value, frozen=True):
     content: str
     status: Literal["pending", "in_progress", "completed"]
 
 
-class TodoWriteData(_Value):
+class TodoWriteData(_Value, frozen=True):
     todos: tuple[TodoItem, ...]
 
 
@@ -406,73 +406,73 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     ignorable: Literal[True] | UnsetType = UNSET
 
 
-class _SurfaceEvent(_Event, kw_only=True):
+class _SurfaceEvent(_Event, kw_only=True, frozen=True):
     surface: ClassVar[bool] = True
     surface_op: Literal["append"]
     source_event_seqs: tuple[Count, ...] | UnsetType = UNSET
 
 
-class TurnStart(_Event, tag="turn/start", kw_only=True):
+class TurnStart(_Event, tag="turn/start", kw_only=True, frozen=True):
     type: ClassVar[str] = "turn/start"
     data: TurnStartData
 
 
-class TurnEnd(_Event, tag="turn/end", kw_only=True):
+class TurnEnd(_Event, tag="turn/end", kw_only=True, frozen=True):
     type: ClassVar[str] = "turn/end"
     data: TurnEndData
 
 
-class StepStart(_Event, tag="step/start", kw_only=True):
+class StepStart(_Event, tag="step/start", kw_only=True, frozen=True):
     type: ClassVar[str] = "step/start"
     data: StepData
 
 
-class StepEnd(_Event, tag="step/end", kw_only=True):
+class StepEnd(_Event, tag="step/end", kw_only=True, frozen=True):
     type: ClassVar[str] = "step/end"
     data: StepData
 
 
-class UserMessage(_SurfaceEvent, tag="user/message", kw_only=True):
+class UserMessage(_SurfaceEvent, tag="user/message", kw_only=True, frozen=True):
     type: ClassVar[str] = "user/message"
     data: Message
 
 
-class AssistantChunk(_Event, tag="assistant/chunk", kw_only=True):
+class AssistantChunk(_Event, tag="assistant/chunk", kw_only=True, frozen=True):
     type: ClassVar[str] = "assistant/chunk"
     data: AssistantChunkData
 
 
-class AssistantMessage(_SurfaceEvent, tag="assistant/message", kw_only=True):
+class AssistantMessage(_SurfaceEvent, tag="assistant/message", kw_only=True, frozen=True):
     type: ClassVar[str] = "assistant/message"
     data: AssistantMessageData
 
 
-class ToolCall(_Event, tag="tool/call", kw_only=True):
+class ToolCall(_Event, tag="tool/call", kw_only=True, frozen=True):
     type: ClassVar[str] = "tool/call"
     data: ToolCallData
 
 
-class ToolResult(_SurfaceEvent, tag="tool/result", kw_only=True):
+class ToolResult(_SurfaceEvent, tag="tool/result", kw_only=True, frozen=True):
     type: ClassVar[str] = "tool/result"
     data: ToolResultData
 
 
-class RequestHeader(_Event, tag="request/header", kw_only=True):
+class RequestHeader(_Event, tag="request/header", kw_only=True, frozen=True):
     type: ClassVar[str] = "request/header"
     data: RequestHeaderData
 
 
-class RequestContext(_Event, tag="request/context", kw_only=True):
+class RequestContext(_Event, tag="request/context", kw_only=True, frozen=True):
     type: ClassVar[str] = "request/context"
     data: RequestContextData
 
 
-class EndSeed(_Event, tag="session/end-seed", kw_only=True):
+class EndSeed(_Event, tag="session/end-seed", kw_only=True, frozen=True):
     type: ClassVar[str] = "session/end-seed"
     data: EndSeedData
 
 
-class TodoWrite(_Event, tag="todo/write", kw_only=True):
+class TodoWrite(_Event, tag="todo/write", kw_only=True, frozen=True):
     type: ClassVar[str] = "todo/write"
     data: TodoWriteData
 
@@ -595,7 +595,7 @@ def _check_message_shape(event: SessionEvent) -> None:
     """Message shape rules for surface events (session-core §2.1 I5)."""
     kind = type(event)
     if kind is UserMessage:
-        message: Message = event.data  # type: ignore[assignment, union-attr]
+        message: Message = event.data  # type: ignore[assignment]
         if message.role != "user":
             raise EventValidationError(f'session event "user/message" (seq {event.seq}) must carry a user message')
     elif kind is AssistantMessage:
@@ -636,7 +636,7 @@ def decode_event(obj: object) -> SessionEvent:
         return msgspec.convert(env, OpaqueEvent)
     _check_surface(etype, seq, env)
     try:
-        event: SessionEvent = msgspec.convert(env, cls)
+        event = cast("SessionEvent", msgspec.convert(env, cls))
     except msgspec.ValidationError as exc:
         raise EventValidationError(f'invalid session event "{etype}" at seq {seq}: {exc}') from exc
     if cls.surface:

@@ -96,35 +96,33 @@ def interrupted_turn_closers(events: Sequence[SessionEvent]) -> list[SessionEven
     open_step: int | None = None
     pending: dict[str, _Pending] = {}
     for event in events:
-        kind = type(event)
-        if kind is TurnStart:
-            open_turn = event.data.turn  # type: ignore[union-attr]
+        if isinstance(event, TurnStart):
+            open_turn = event.data.turn
             open_step = None
             pending.clear()
-        elif kind is TurnEnd:
+        elif isinstance(event, TurnEnd):
             open_turn = None
             open_step = None
             pending.clear()
-        elif kind is StepStart:
-            open_step = event.data.step  # type: ignore[union-attr]
-        elif kind is StepEnd:
+        elif isinstance(event, StepStart):
+            open_step = event.data.step
+        elif isinstance(event, StepEnd):
             open_step = None
             pending.clear()
-        elif kind is AssistantMessage:
-            data = event.data  # type: ignore[union-attr]
+        elif isinstance(event, AssistantMessage):
+            data = event.data
             for block in data.message.content:
-                if type(block) is ToolCallBlock:
+                if isinstance(block, ToolCallBlock):
                     # A re-used id keeps its original position but loses any recorded call seq.
                     pending[block.id] = _Pending(data.step)
-        elif kind is ToolCall:
-            entry = pending.get(event.data.call_id)  # type: ignore[union-attr]
+        elif isinstance(event, ToolCall):
+            entry = pending.get(event.data.call_id)
             if entry is not None:
                 entry.call_seq = event.seq
-        elif kind is ToolResult:
-            source = event.data.message.source  # type: ignore[union-attr]
-            call_id = getattr(source, "call_id", None)
-            if call_id is not None:
-                pending.pop(call_id, None)
+        elif isinstance(event, ToolResult):
+            source = event.data.message.source
+            if isinstance(source, ToolSource):
+                pending.pop(source.call_id, None)
     if open_turn is None or not events:
         return []
     last = events[-1]

@@ -210,15 +210,14 @@ class Session:
     def _project(self, event: SessionEvent) -> None:
         if self._messages is None:
             return
-        kind = type(event)
-        if kind is UserMessage:
-            self._messages.append(event.data)  # type: ignore[union-attr, arg-type]
-        elif kind is AssistantMessage:
-            message = event.data.message  # type: ignore[union-attr]
+        if isinstance(event, UserMessage):
+            self._messages.append(event.data)
+        elif isinstance(event, AssistantMessage):
+            message = event.data.message
             if message.content:
                 self._messages.append(message)
-        elif kind is ToolResult:
-            self._messages.append(event.data.message)  # type: ignore[union-attr]
+        elif isinstance(event, ToolResult):
+            self._messages.append(event.data.message)
 
     # ----------------------------------------------------------------------------------------------------------
     # Write side

@@ -53,9 +53,8 @@ class TurnValidator:
         seq = event.seq
         if seq <= self._last_seq:
             self._fail("seq-order", seq, f"event seq {seq} is not greater than the previous seq {self._last_seq}")
-        kind = type(event)
-        if kind is TurnStart:
-            turn = event.data.turn  # type: ignore[union-attr]
+        if isinstance(event, TurnStart):
+            turn = event.data.turn
             if self._open_turn is not None:
                 self._fail("turn-open", seq, f"turn/start {turn} while turn {self._open_turn} is still open")
             if turn != self._next_turn:
@@ -63,8 +62,8 @@ class TurnValidator:
             self._open_turn = turn
             self._next_step = 1
             self._pending.clear()
-        elif kind is TurnEnd:
-            turn = event.data.turn  # type: ignore[union-attr]
+        elif isinstance(event, TurnEnd):
+            turn = event.data.turn
             if turn != self._open_turn:
                 self._fail("turn-end", seq, f"turn/end {turn} does not match open turn {self._open_turn}")
             if self._open_step is not None:
@@ -72,32 +71,29 @@ class TurnValidator:
             self._open_turn = None
             self._next_turn += 1
             self._pending.clear()
-        elif kind is StepStart:
-            data = event.data  # type: ignore[union-attr]
-            self._require_turn(seq, "step/start", data.turn)
+        elif isinstance(event, StepStart):
+            step_data = event.data
+            self._require_turn(seq, "step/start", step_data.turn)
             if self._open_step is not None:
-                self._fail("step-open", seq, f"step/start {data.step} while step {self._open_step} is still open")
-            if data.step != self._next_step:
-                self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {data.step}")
-            self._open_step = data.step
-        elif kind is StepEnd:
-            data = event.data  # type: ignore[union-attr]
-            self._require_step(seq, "step/end", data.turn, data.step)
+                self._fail("step-open", seq, f"step/start {step_data.step} while step {self._open_step} is still open")
+            if step_data.step != self._next_step:
+                self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {step_data.step}")
+            self._open_step = step_data.step
+        elif isinstance(event, StepEnd):
+            self._require_step(seq, "step/end", event.data.turn, event.data.step)
             self._open_step = None
             self._next_step += 1
             self._pending.clear()
-        elif kind is AssistantChunk or kind is AssistantMessage:
-            data = event.data  # type: ignore[union-attr]
-            self._require_step(seq, event.type, data.turn, data.step)
-        elif kind is ToolCall:
-            data = event.data  # type: ignore[union-attr]
-            self._require_step(seq, "tool/call", data.turn, data.step)
-            self._pending.add(data.call_id)
-        elif kind is ToolResult:
-            data = event.data  # type: ignore[union-attr]
-            self._require_step(seq, "tool/result", data.turn, data.step)
-            call_id = getattr(data.message.source, "call_id", None)
-            synthetic_not_started = getattr(data.error, "code", None) == TOOL_NOT_STARTED
+        elif isinstance(event, (AssistantChunk, AssistantMessage)):
+            self._require_step(seq, event.type, event.data.turn, event.data.step)
+        elif isinstance(event, ToolCall):
+            self._require_step(seq, "tool/call", event.data.turn, event.data.step)
+            self._pending.add(event.data.call_id)
+        elif isinstance(event, ToolResult):
+            result = event.data
+            self._require_step(seq, "tool/result", result.turn, result.step)
+            call_id = getattr(result.message.source, "call_id", None)
+            synthetic_not_started = getattr(result.error, "code", None) == TOOL_NOT_STARTED
             if call_id in self._pending:
                 self._pending.discard(call_id)
             elif not synthetic_not_started:

@@ -513,7 +513,7 @@ class BackendConformance:
                     view.events[1].seq = 99  # type: ignore[misc]
                 message = view.events[1].data
                 with pytest.raises(AttributeError):
-                    message.id = "changed"  # type: ignore[union-attr]
+                    message.id = "changed"  # type: ignore[union-attr, misc]
             assert list((await p.persistence.load("frozen")).events) == one_turn_log()
 
     # ------------------------------------------------------------------------------------------------------
