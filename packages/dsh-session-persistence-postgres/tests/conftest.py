@@ -1,0 +1,40 @@
+"""Shared fixtures: async tests run on asyncio (debug mode) and trio; one throwaway PostgreSQL server per run."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ._pgserver import PgCluster, running_cluster
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(("asyncio", {"debug": True}), id="asyncio"),
+        pytest.param(("trio", {}), id="trio"),
+    ],
+)
+def anyio_backend(request: pytest.FixtureRequest) -> object:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """A throwaway cluster for the whole run (skips, or fails under ``DSH_REQUIRE_POSTGRES=1``, without one)."""
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(pg_cluster: PgCluster) -> str:
+    """libpq connection string of the test database."""
+    return pg_cluster.dsn
+
+
+@pytest.fixture
+def fresh_schema() -> Callable[[], str]:
+    """Names of PostgreSQL schemas no test used before: each one is an empty, independent store."""
+    return lambda: f"t_{uuid.uuid4().hex[:16]}"
