@@ -32,6 +32,7 @@ from ._core import (
     SessionAlreadyExistsError,
     SessionEvent,
     SessionHeader,
+    SessionLocation,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionSnapshot,
@@ -146,7 +147,7 @@ class PostgresBackend:
             rows = await cur.fetchall()
         return [SessionSnapshot(header=_header(sid, text), revision=f"{store_id}:{rev}") for sid, text, rev in rows]
 
-    def locate(self, meta: SessionHeader) -> None:
+    def locate(self, meta: SessionHeader) -> SessionLocation | None:
         """No per-session artifact path: always ``None``."""
         return None
 

@@ -7,7 +7,13 @@ struct, the typed errors and the hook marker's project name.
 
 from __future__ import annotations
 
-from dsh.session_persistence._backend import SessionSnapshot, StorageMetadata, StoredPrefix, StoredSuffix
+from dsh.session_persistence._backend import (
+    SessionLocation,
+    SessionSnapshot,
+    StorageMetadata,
+    StoredPrefix,
+    StoredSuffix,
+)
 from dsh.session_persistence._errors import (
     IncompleteInheritedPrefixError,
     SeqMismatchError,
@@ -29,6 +35,7 @@ __all__ = [
     "SessionEvent",
     "SessionFormatUnsupportedError",
     "SessionHeader",
+    "SessionLocation",
     "SessionNotFoundError",
     "SessionPersistenceCorruptionError",
     "SessionSnapshot",

@@ -1,0 +1,151 @@
+"""The server dies (``pg_ctl stop -m immediate``: no shutdown checkpoint, WAL recovery at restart) mid-append.
+
+After the restart every acknowledged batch is there, and the batch in flight is wholly there or wholly absent.
+Each test runs its own cluster, so killing it disturbs no other test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import psycopg
+import pytest
+from dsh.session_persistence._backend import StorageMetadata
+from dsh.session_persistence._events import OpaqueEvent, SessionEvent
+from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
+from dsh.session_persistence_postgres import PostgresBackend
+
+from ._pgserver import PgCluster, running_cluster
+
+SCHEMA = "crash"
+
+
+@pytest.fixture
+def cluster() -> Iterator[PgCluster]:
+    with running_cluster() as c:
+        yield c
+
+
+def _blobs(start: int, count: int, size: int) -> list[SessionEvent]:
+    # Distinct payloads per event, so the batch is big on the wire and in the WAL.
+    return [
+        OpaqueEvent(
+            type="plugin/blob", seq=start + i, time=7, data={"i": i, "v": f"{i:08d}" * (size // 8)}, ignorable=True
+        )
+        for i in range(count)
+    ]
+
+
+async def _wait_for(dsn: str, query: str) -> None:
+    """Poll ``pg_stat_activity`` until ``query`` returns true (a safety net bounds it, never a timing assertion)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe:
+        with anyio.fail_after(60):
+            while True:
+                cur = await probe.execute(query.encode())
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    return
+                await anyio.sleep(0.01)
+
+
+async def _write_acknowledged(dsn: str) -> tuple[StorageMetadata, list[SessionEvent]]:
+    storage = StorageMetadata(meta("crash"))
+    backend = PostgresBackend(dsn, schema=SCHEMA)
+    try:
+        await backend.append_batch(storage, one_turn_log(), False)
+        await backend.append_batch(storage, simple_turn(6, 2), True)
+    finally:
+        await backend.aclose()
+    return storage, one_turn_log() + simple_turn(6, 2)
+
+
+async def _append_in_flight(
+    cluster: PgCluster, storage: StorageMetadata, batch: list[SessionEvent], in_flight_query: str
+) -> BaseException | None:
+    """Start appending ``batch``, kill the server once ``in_flight_query`` holds, return the append's error."""
+    backend = PostgresBackend(cluster.dsn, schema=SCHEMA, pool_timeout=5)
+    outcome: dict[str, BaseException | None] = {}
+
+    async def append() -> None:
+        try:
+            await backend.append_batch(storage, batch, True)
+        except Exception as exc:
+            outcome["error"] = exc
+        else:
+            outcome["error"] = None
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            await _wait_for(cluster.dsn, in_flight_query)
+            await anyio.to_thread.run_sync(cluster.stop, "immediate")
+    finally:
+        await backend.aclose()
+    return outcome["error"]
+
+
+async def _stored_after_restart(cluster: PgCluster) -> list[SessionEvent]:
+    await anyio.to_thread.run_sync(cluster.start)
+    # The kill was real: the restarted server had to replay its WAL.
+    assert "automatic recovery in progress" in (cluster.root / "server.log").read_text(errors="replace")
+    backend = PostgresBackend(cluster.dsn, schema=SCHEMA)
+    try:
+        stored = await backend.load_stored("crash")
+        assert stored is not None
+        events = list(stored.events)
+        # The session row and its events agree: the next append continues right after what is stored.
+        await backend.append_batch(StorageMetadata(meta("crash")), simple_turn(len(events), 99, "after"), True)
+    finally:
+        await backend.aclose()
+    return events
+
+
+def test_kill_while_a_batch_waits_inside_its_transaction(cluster: PgCluster) -> None:
+    """Gate: another transaction holds the events table, so the batch stops mid-transaction; then the kill."""
+
+    async def scenario() -> tuple[BaseException | None, list[SessionEvent], list[SessionEvent], list[SessionEvent]]:
+        storage, acked = await _write_acknowledged(cluster.dsn)
+        batch = _blobs(len(acked), 200, 64)
+        gate = await psycopg.AsyncConnection.connect(cluster.dsn)
+        try:
+            await gate.execute(f'LOCK TABLE "{SCHEMA}".dsh_events IN EXCLUSIVE MODE'.encode())
+            # The append has bumped next_seq under its row lock and now waits for the table: in flight for sure.
+            error = await _append_in_flight(
+                cluster,
+                storage,
+                batch,
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'COPY%'",
+            )
+        finally:
+            await gate.close()
+        return error, acked, batch, await _stored_after_restart(cluster)
+
+    error, acked, _batch, stored = anyio.run(scenario, backend="asyncio")
+    assert isinstance(error, psycopg.OperationalError), error  # never acknowledged
+    assert stored == acked  # every acknowledged batch survived; the unacknowledged one left nothing behind
+
+
+def test_kill_during_a_large_batch(cluster: PgCluster) -> None:
+    """No gate: a large batch is streaming (COPY running) when the server dies; it is all there or none of it."""
+
+    async def scenario() -> tuple[BaseException | None, list[SessionEvent], list[SessionEvent], list[SessionEvent]]:
+        storage, acked = await _write_acknowledged(cluster.dsn)
+        batch = _blobs(len(acked), 4000, 2048)
+        error = await _append_in_flight(
+            cluster,
+            storage,
+            batch,
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY%'",
+        )
+        return error, acked, batch, await _stored_after_restart(cluster)
+
+    error, acked, batch, stored = anyio.run(scenario, backend="asyncio")
+    if error is None:
+        assert stored == acked + batch  # acknowledged: it must be there
+    else:
+        assert stored in (acked, acked + batch), f"partial batch after the crash: {len(stored)} events"
+    print(
+        f"in-flight batch {'acknowledged' if error is None else 'failed: ' + type(error).__name__}; "
+        f"after restart {'present' if stored == acked + batch else 'absent'}"
+    )

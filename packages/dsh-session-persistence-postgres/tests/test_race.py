@@ -1,0 +1,112 @@
+"""Two real processes append to one session id at the same moment, against the real server.
+
+Each round both writers get the go signal together and append a batch at the same seq (the first round
+materializes the session). The database admits exactly one per round: the loser gets a typed error
+(``SessionAlreadyExistsError`` for the first batch, ``SeqMismatchError`` after it), and the stored log is
+contiguous with every batch wholly from one writer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import anyio
+from dsh.session_persistence_postgres import PostgresBackend
+
+ROUNDS = 40 if os.environ.get("DSH_LONG") == "1" else 12
+BATCH = 40
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    import anyio
+    from dsh.session_persistence._backend import StorageMetadata
+    from dsh.session_persistence._errors import SeqMismatchError, SessionAlreadyExistsError
+    from dsh.session_persistence._events import OpaqueEvent
+    from dsh.session_persistence._header import SessionHeader
+    from dsh.session_persistence_postgres import PostgresBackend
+
+    dsn, schema, sid, tag, size = sys.argv[1:6]
+    size = int(size)
+    storage = StorageMetadata(SessionHeader(id=sid, created_at=1, cwd="/race"))
+
+    def batch(start):
+        return [OpaqueEvent(type="plugin/who", seq=start + i, time=1, data={"tag": tag, "i": i}, ignorable=True)
+                for i in range(size)]
+
+    async def main():
+        backend = PostgresBackend(dsn, schema=schema)
+        await backend.list()  # warm up (pool open, schema checked) before the first signal
+        print("ready", flush=True)
+        while line := await anyio.to_thread.run_sync(sys.stdin.readline):
+            round_no = int(line)
+            try:
+                await backend.append_batch(storage, batch(round_no * size), round_no > 0)
+            except (SeqMismatchError, SessionAlreadyExistsError) as exc:
+                print(f"lost {round_no} {type(exc).__name__}", flush=True)
+            else:
+                print(f"won {round_no}", flush=True)
+        await backend.aclose()
+
+    anyio.run(main, backend="asyncio")
+    """
+)
+
+
+def test_two_processes_race_on_one_session(postgres_dsn: str) -> None:
+    schema = f"race_{uuid.uuid4().hex[:12]}"
+    procs = {
+        tag: subprocess.Popen(
+            [sys.executable, "-c", WRITER, postgres_dsn, schema, "race", tag, str(BATCH)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in "AB"
+    }
+    try:
+        for proc in procs.values():
+            assert proc.stdout is not None and proc.stdin is not None
+            line = proc.stdout.readline()
+            assert line.strip() == "ready", proc.stderr.read() if proc.stderr else ""
+        winners: list[str] = []
+        for round_no in range(ROUNDS):
+            for proc in procs.values():
+                assert proc.stdin is not None
+                proc.stdin.write(f"{round_no}\n")
+                proc.stdin.flush()
+            answers = {}
+            for tag, proc in procs.items():
+                assert proc.stdout is not None
+                answers[tag] = proc.stdout.readline().split()
+            won = [tag for tag, words in answers.items() if words[:2] == ["won", str(round_no)]]
+            assert len(won) == 1, f"round {round_no}: expected exactly one winner, got {answers}"
+            (loser,) = set(answers) - set(won)
+            expected_error = "SessionAlreadyExistsError" if round_no == 0 else "SeqMismatchError"
+            assert answers[loser] == ["lost", str(round_no), expected_error], answers
+            winners.append(won[0])
+    finally:
+        # communicate() closes stdin, which ends each writer's loop.
+        results = {tag: proc.communicate(timeout=60) for tag, proc in procs.items()}
+    for tag, proc in procs.items():
+        assert proc.returncode == 0, results[tag]
+
+    async def stored_log() -> list[tuple[int, str]]:
+        backend = PostgresBackend(postgres_dsn, schema=schema)
+        try:
+            stored = await backend.load_stored("race")
+        finally:
+            await backend.aclose()
+        assert stored is not None
+        return [(e.seq, e.data["tag"]) for e in stored.events if isinstance(e.data, dict)]
+
+    log = anyio.run(stored_log, backend="asyncio")
+    assert [seq for seq, _tag in log] == list(range(ROUNDS * BATCH))  # contiguous, nothing duplicated
+    for round_no, winner in enumerate(winners):
+        batch_tags = {tag for _seq, tag in log[round_no * BATCH : (round_no + 1) * BATCH]}
+        assert batch_tags == {winner}, f"round {round_no} mixes writers: {batch_tags}"
