@@ -11,7 +11,7 @@ def test_missing_server_fails_when_required_and_skips_otherwise(monkeypatch: pyt
     monkeypatch.setattr(_pgserver, "find_pg_bin", lambda: None)
     monkeypatch.setenv("DSH_REQUIRE_POSTGRES", "1")
     with pytest.raises(
-        pytest.fail.Exception, match=r"DSH_REQUIRE_POSTGRES=1 but PostgreSQL server binaries .* postgres-setup"
+        pytest.fail.Exception, match=r"DSH_REQUIRE_POSTGRES=1 but PostgreSQL server binaries .*tools/postgres-setup"
     ):
         _pgserver.require_pg_bin()
     monkeypatch.delenv("DSH_REQUIRE_POSTGRES")
