@@ -33,6 +33,15 @@ from ._logs import (
     user_message,
 )
 from ._rig import BackendFactory, ConformanceRig, Opened
+from ._scripted import (
+    ErrorResponse,
+    HangResponse,
+    ScriptedAdapter,
+    ScriptedResponse,
+    ScriptedTool,
+    TextResponse,
+    ToolCallResponse,
+)
 
 __all__ = [
     "OTHER",
@@ -41,9 +50,16 @@ __all__ = [
     "BackendFactory",
     "ConformanceRig",
     "ControlledMemoryBackend",
+    "ErrorResponse",
     "FaultInjectingBackend",
+    "HangResponse",
     "InjectedFault",
     "Opened",
+    "ScriptedAdapter",
+    "ScriptedResponse",
+    "ScriptedTool",
+    "TextResponse",
+    "ToolCallResponse",
     "assistant_message",
     "event",
     "meta",
