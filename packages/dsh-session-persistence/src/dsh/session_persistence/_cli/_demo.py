@@ -1,0 +1,236 @@
+"""``dsh-sessions demo``: a scripted agent is SIGKILLed in the middle of a tool call, resumed, and explained.
+
+1. A child process (``python -m dsh.session_persistence._cli._demo_child``) runs the agent on the JSONL backend
+   with the checkpoint policy; it completes turn 1 and dies inside turn 2's ``pay_deposit``, after the payment
+   was written to the ledger (SIGKILL: no cleanup, no flush, nothing graceful).
+2. This process reads the log (read-only) and says what a load will repair, then resumes the session: the cold
+   load commits the repair and the agent continues with turn 3, which checks the ledger instead of paying twice.
+3. It prints the repaired transcript, what each repair means, and the exact commands to look at it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from .._coordinator import PersistenceCoordinator
+from .._events import event_to_builtins
+from .._session import SessionStore
+from ..loop import AgentLoop
+from ._context import Stack, load_host, select_backend
+from ._demo_script import (
+    KILL_MARKER,
+    MODEL,
+    PROVIDER,
+    RESUME_TURN,
+    SESSION_ID,
+    DemoModel,
+    demo_tools,
+    resume_script,
+)
+from ._errors import EXIT_DEMO_FAILED, EXIT_OK, EXIT_UNAVAILABLE, CliError
+from ._examine import SessionReport, examine
+from ._io import Io
+from ._output import write_json
+from ._transcript import REPAIR_MEANINGS, render_transcript, transcript_entries
+from ._walk import closer_plan
+
+__all__ = ["cmd_demo"]
+
+POLICY_PLUGIN = "session-checkpoint-policy"
+READY_TIMEOUT_S = 60.0
+POLL_S = 0.01
+
+
+def _prepare_root(base: str) -> tuple[str, str]:
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        root = tempfile.mkdtemp(prefix=f"demo-{stamp}-", dir=base)  # 0700, never reused
+        work = os.path.join(root, "demo-work")
+        os.mkdir(work, 0o700)
+    except OSError as exc:
+        raise CliError(
+            f"cannot create the demo directory under {base}: {exc.strerror or exc}", EXIT_UNAVAILABLE
+        ) from exc
+    return root, work
+
+
+def _child_log(work: str) -> str:
+    try:
+        with open(os.path.join(work, "child.log"), encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().strip().splitlines()
+    except OSError:
+        return ""
+    return f" (child's last output: {lines[-1]})" if lines else ""
+
+
+def _spawn(argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _read_marker(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+
+
+async def _run_and_kill(root: str, work: str, backend: str) -> tuple[int, int]:
+    """Start the child, wait for its marker, SIGKILL it; returns ``(pid, returncode)``."""
+    kill = getattr(signal, "SIGKILL", None)
+    if kill is None:
+        raise CliError("the demo needs POSIX signals (SIGKILL); it does not run on this platform", EXIT_DEMO_FAILED)
+    marker = os.path.join(work, "marker")
+    argv = [sys.executable, "-m", "dsh.session_persistence._cli._demo_child", root, work, "--backend", backend]
+    child = _spawn(argv, os.path.join(work, "child.log"))
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if _read_marker(marker) == KILL_MARKER:
+                break
+            if child.poll() is not None:
+                raise CliError(
+                    f"the demo agent exited with {child.returncode} before its kill point{_child_log(work)}",
+                    EXIT_DEMO_FAILED,
+                )
+            if time.monotonic() > deadline:
+                raise CliError(
+                    f"the demo agent did not reach its kill point in {READY_TIMEOUT_S:.0f}s{_child_log(work)}",
+                    EXIT_DEMO_FAILED,
+                )
+            await anyio.sleep(POLL_S)
+        child.send_signal(kill)
+        returncode = await anyio.to_thread.run_sync(child.wait)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            await anyio.to_thread.run_sync(child.wait)
+    if returncode != -kill:
+        raise CliError(f"the demo agent exited with {returncode}, expected death by SIGKILL", EXIT_DEMO_FAILED)
+    return child.pid, returncode
+
+
+def _ledger(work: str) -> list[str]:
+    ledger = os.path.join(work, "ledger")
+    return sorted(os.listdir(ledger)) if os.path.isdir(ledger) else []
+
+
+def _repairs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for entry in entries:
+        code = entry.get("repair")
+        if code is None:
+            continue
+        item = {"seq": entry["seq"], "code": code, "meaning": REPAIR_MEANINGS[code]}
+        if entry["kind"] == "tool-result":
+            item.update(callId=entry["callId"], name=entry["name"])
+        else:
+            item["turn"] = entry.get("turn")
+        out.append(item)
+    return out
+
+
+async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
+    """Run the demo under a fresh directory inside ``base`` (the resolved ``--root``)."""
+    host = load_host()
+    name, backend_cls = select_backend(host, "jsonl")
+    if host.get_plugin(POLICY_PLUGIN) is None:
+        raise CliError(
+            "the demo needs the checkpoint policy: pip install dsh-session-checkpoint-policy", EXIT_UNAVAILABLE
+        )
+    root, work = _prepare_root(base)
+    out = io.out
+    human = not args.json
+    if human:
+        out.write("dsh sessions demo: a scripted agent (no network, no API key) on the JSONL backend\n")
+        out.write(f"root: {root}\n\n")
+        out.write("1. The agent runs in a child process: turn 1 asks for the weather; turn 2 asks it to pay a\n")
+        out.write("   20 EUR deposit (pay_deposit) and then email the receipt (send_receipt).\n")
+        out.flush()
+    pid, returncode = await _run_and_kill(root, work, args.child_backend)
+    charged = _ledger(work)
+    if human:
+        out.write(f"2. Inside pay_deposit, after the payment hit the ledger ({', '.join(charged) or 'nothing'}), the\n")
+        out.write(f"   child (pid {pid}) was killed with SIGKILL (exit status {returncode}): no cleanup ran.\n")
+
+    store = SessionStore(host)
+    backend: Any = backend_cls(root)  # type: ignore[call-arg]
+    async with PersistenceCoordinator(host, backend) as coordinator:
+        stack = Stack(host=host, backend=backend, coordinator=coordinator, backend_name=name, root=root)
+        before: SessionReport = await examine(stack, SESSION_ID)
+        if before.status not in ("interrupted", "torn"):
+            raise CliError(f"expected an interrupted session after the kill, found {before.status}", EXIT_DEMO_FAILED)
+        if human:
+            out.write(f"   On disk: {before.stored_events} events, turn 2 still open. A load will:\n")
+            for line in closer_plan(before):
+                out.write(f"     - {line}\n")
+            out.write("3. Resuming: the cold load commits that repair, then the agent runs turn 3.\n")
+            out.flush()
+        loop = await AgentLoop.resume(
+            host,
+            store,
+            coordinator,
+            SESSION_ID,
+            DemoModel(resume_script()),
+            demo_tools(work),
+            provider=PROVIDER,
+            model=MODEL,
+        )
+        end = await loop.run_turn(RESUME_TURN)
+        await store.flush(loop.session)
+        loop.close()
+        store.dispose(loop.session)
+        after = await examine(stack, SESSION_ID)
+    if after.status != "ok" or len(_ledger(work)) != 1:
+        raise CliError(f"the resumed session is {after.status} with {len(_ledger(work))} charges", EXIT_DEMO_FAILED)
+    entries = transcript_entries(after.events, after.stored_events)
+    repairs = _repairs(entries)
+    commands = [
+        f"dsh-sessions --root {root} list",
+        f"dsh-sessions --root {root} show {SESSION_ID}",
+        f"dsh-sessions --root {root} verify",
+    ]
+    if args.json:
+        write_json(
+            out,
+            {
+                "root": root,
+                "sessionId": SESSION_ID,
+                "child": {"pid": pid, "returncode": returncode, "signal": "SIGKILL"},
+                "charges": len(_ledger(work)),
+                "resumedTurnEnd": event_to_builtins(end)["data"]["reason"]["kind"],
+                "events": after.stored_events,
+                "repairs": repairs,
+                "entries": entries,
+                "commands": commands,
+            },
+        )
+        return EXIT_OK
+    out.write(f"\nThe repaired transcript ({after.stored_events} events; chunks and request headers not shown):\n")
+    render_transcript(out, entries, SESSION_ID)
+    out.write("\nWhat the repairs mean:\n")
+    for item in repairs:
+        what = f"{item['name']} [{item['callId']}]" if "callId" in item else f"turn {item['turn']}"
+        out.write(f"  {item['code']}: {what}\n")
+        out.write(textwrap.fill(item["meaning"], 100, initial_indent="    ", subsequent_indent="    ") + "\n")
+    out.write(
+        f"\nThe ledger holds {len(_ledger(work))} charge: turn 3 checked it instead of paying again, then sent the\n"
+        "receipt that had certainly never been sent.\n"
+    )
+    out.write("\nLook at it yourself:\n")
+    for command in commands:
+        out.write(f"  {command}\n")
+    return EXIT_OK

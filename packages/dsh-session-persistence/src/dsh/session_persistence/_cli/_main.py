@@ -1,0 +1,190 @@
+"""``dsh-sessions``: argument parsing, dispatch and the error-to-exit-code mapping (sync entry point over anyio)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import NoReturn
+
+import anyio
+
+from .._errors import (
+    SessionFormatUnsupportedError,
+    SessionNotFoundError,
+    SessionPersistenceCorruptionError,
+    SessionPersistenceError,
+)
+from ._commands import cmd_export, cmd_list, cmd_plugins, cmd_show, cmd_stats
+from ._context import ROOT_ENV, load_host, open_stack, parse_options, resolve_root, storage_message
+from ._errors import (
+    EXIT_DAMAGED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+)
+from ._io import Io
+from ._verify import cmd_repair, cmd_verify
+
+if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["build_parser", "main", "run"]
+
+PROG = "dsh-sessions"
+DEBUG_ENV = "DSH_SESSIONS_DEBUG"
+
+_EPILOG = f"""\
+root: --root, else ${ROOT_ENV}, else $XDG_DATA_HOME/dsh-sessions (~/.local/share/dsh-sessions).
+exit codes: 0 ok; 1 corrupt or unsupported data (verify: a session is not loadable); 2 usage error;
+3 session not found; 4 storage unavailable; 5 repair declined; 6 demo failed; 70 internal error.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is a :class:`CliError` (one line, exit 2) instead of usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see '{self.prog} --help')", EXIT_USAGE)
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # Accepted before and after the command; the subcommand copies must not reset values given before it.
+    default = None if top else argparse.SUPPRESS
+    parser.add_argument("--root", default=default, help=f"session root (default: ${ROOT_ENV} or the XDG data dir)")
+    parser.add_argument("--backend", default=default, help="storage backend by name (default: jsonl)")
+    parser.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[] if top else argparse.SUPPRESS,
+        help="backend constructor option, e.g. -o compression=none (repeatable)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=False if top else argparse.SUPPRESS, help="machine-readable output"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``dsh-sessions`` parser."""
+    parser = _Parser(
+        prog=PROG,
+        description="Inspect, verify, repair and export durable dsh session logs, or run the crash demo.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(parser, top=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        _common(sub, top=False)
+        return sub
+
+    command("list", "list sessions, newest first")
+    command("show", "print a readable transcript of one session").add_argument("id", help="session id")
+    command("verify", "check integrity without modifying anything").add_argument(
+        "id", nargs="?", default=None, help="session id (default: every session)"
+    )
+    repair = command("repair", "commit crash repair for one session (cold load)")
+    repair.add_argument("id", help="session id")
+    repair.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    command("export", "the decoded log as JSONL on stdout (what inspect returns)").add_argument("id", help="session id")
+    command("stats", "counts, bytes and compression ratio")
+    command("plugins", "loaded dsh.session plugins, their distributions and hooks")
+    demo = command("demo", "run a scripted agent, SIGKILL it mid-tool, resume it and show the repaired transcript")
+    demo.add_argument("--child-backend", choices=["asyncio", "trio"], default="asyncio", help=argparse.SUPPRESS)
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "error"
+
+
+def _classify(exc: BaseException, root: str | None) -> CliError | None:
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _classify(exc.exceptions[0], root)
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, SessionNotFoundError):
+        return CliError(str(exc), EXIT_NOT_FOUND)
+    if isinstance(exc, (SessionFormatUnsupportedError, SessionPersistenceCorruptionError, SessionPersistenceError)):
+        return CliError(str(exc), EXIT_DAMAGED)
+    if isinstance(exc, OSError):
+        return CliError(storage_message(exc, root or "?"), EXIT_UNAVAILABLE)
+    return None
+
+
+async def _dispatch(args: argparse.Namespace, io: Io) -> int:
+    if args.command == "plugins":
+        return await cmd_plugins(args, load_host(), io)
+    root = resolve_root(args.root)
+    if args.command == "demo":
+        from ._demo import cmd_demo  # imported lazily: only the demo needs subprocess machinery
+
+        return await cmd_demo(args, root, io)
+    handlers = {
+        "list": cmd_list,
+        "show": cmd_show,
+        "verify": cmd_verify,
+        "repair": cmd_repair,
+        "export": cmd_export,
+        "stats": cmd_stats,
+    }
+    async with open_stack(args.backend, root, parse_options(args.backend_option)) as stack:
+        return await handlers[args.command](args, stack, io)
+
+
+def run(argv: list[str] | None, io: Io) -> int:
+    """Parse ``argv`` and run the command; returns the exit code (never raises for expected failures)."""
+    root: str | None = None
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help / --version
+            return exc.code if isinstance(exc.code, int) else EXIT_OK
+        if args.command is None:
+            parser.print_help(io.err)
+            return EXIT_USAGE
+        root = args.root
+        return anyio.run(_dispatch, args, io, backend="asyncio")
+    except KeyboardInterrupt:
+        io.err.write(f"{PROG}: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``export ID | head``): not an error of ours. Stop writing to the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except BaseException as exc:
+        if not isinstance(exc, Exception) and not isinstance(exc, BaseExceptionGroup):
+            raise
+        error = _classify(exc, root)
+        if error is None:
+            io.err.write(f"{PROG}: internal error: {type(exc).__name__}: {_one_line(str(exc))}\n")
+            if os.environ.get(DEBUG_ENV):
+                traceback.print_exception(exc, file=io.err)
+            else:
+                io.err.write(f"{PROG}: set {DEBUG_ENV}=1 for the traceback\n")
+            return EXIT_INTERNAL
+        io.err.write(f"{PROG}: error: {_one_line(str(error))}\n")
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exception(exc, file=io.err)
+        return error.code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point (``dsh-sessions``)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            # A transcript may hold any text; never die on a terminal that cannot show a character.
+            reconfigure(errors="backslashreplace")
+    return run(sys.argv[1:] if argv is None else argv, Io(out=sys.stdout, err=sys.stderr, inp=sys.stdin))

@@ -1,0 +1,118 @@
+"""``verify`` (read-only integrity check, exit code) and ``repair`` (the cold load that commits crash repair)."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+from ._context import Stack
+from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_OK, EXIT_USAGE, CliError
+from ._examine import SessionReport, examine
+from ._io import Io
+from ._output import write_json
+from ._walk import closer_plan, report_json, walk
+
+__all__ = ["cmd_repair", "cmd_verify"]
+
+_LABELS = {
+    "ok": "ok",
+    "interrupted": "recoverable",
+    "torn": "recoverable",
+    "corrupt": "CORRUPT",
+    "unsupported": "UNSUPPORTED",
+}
+
+
+def _describe(report: SessionReport) -> str:
+    if report.status == "ok":
+        return f"{report.stored_events} events, balanced"
+    if report.recoverable:
+        what = "torn tail" if report.torn is not None else "interrupted turn"
+        return f"{what}: a load (or `dsh-sessions repair {report.id}`) will " + "; ".join(closer_plan(report))
+    return report.message or report.status
+
+
+async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
+    """Check one or every session without modifying anything; exit 1 if any is corrupt or refused."""
+    if args.id is not None:
+        reports = [await examine(stack, args.id)]
+    else:
+        reports = await walk(stack, io, "verifying sessions")
+    bad = [r for r in reports if not r.recoverable]
+    code = EXIT_DAMAGED if bad else EXIT_OK
+    summary = Counter(r.status for r in reports)
+    if args.json:
+        write_json(
+            io.out,
+            {
+                "root": stack.root,
+                "backend": stack.backend_name,
+                "ok": not bad,
+                "sessions": [report_json(r) for r in reports],
+                "summary": dict(sorted(summary.items())),
+            },
+        )
+        return code
+    if not reports:
+        io.out.write(f"no sessions under {stack.root} (backend {stack.backend_name})\n")
+        return code
+    for r in reports:
+        io.out.write(f"{_LABELS.get(r.status, r.status):<12} {r.id}: {_describe(r)}\n")
+    recoverable = sum(1 for r in reports if r.recoverable and r.status != "ok")
+    parts = [f"{summary['ok']} ok", f"{recoverable} recoverable"]
+    parts += [f"{n} {s}" for s, n in sorted(summary.items()) if s in ("corrupt", "unsupported")]
+    verdict = "FAILED" if bad else "passed"
+    io.out.write(f"verify {verdict}: {len(reports)} session(s): {', '.join(parts)}\n")
+    if bad:
+        io.out.write("see docs/operations.md: corrupt logs are never modified; nothing was written\n")
+    return code
+
+
+def _confirm(io: Io, session_id: str) -> bool:
+    try:
+        interactive = io.inp.isatty()
+    except (AttributeError, ValueError):
+        interactive = False
+    if not interactive:
+        raise CliError(
+            "refusing to repair without confirmation: stdin is not a terminal (pass --yes to repair anyway)",
+            EXIT_USAGE,
+        )
+    io.err.write(f"Repair session {session_id}? [y/N] ")
+    io.err.flush()
+    answer = io.inp.readline().strip().lower()
+    return answer in ("y", "yes")
+
+
+async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
+    """Say what a cold load will commit, confirm, then load (which commits the repair)."""
+    report = await examine(stack, args.id)
+    if not report.recoverable:
+        raise CliError(
+            f"cannot repair: {report.message} (crash repair only closes interrupted turns and cuts torn tails; "
+            "damaged committed data is never rewritten)",
+            EXIT_DAMAGED,
+        )
+    plan = closer_plan(report)
+    if not plan:
+        if args.json:
+            write_json(io.out, {"id": report.id, "plan": [], "repaired": False, "events": report.stored_events})
+        else:
+            io.out.write(f"nothing to repair: session {report.id} is balanced and has no torn tail\n")
+        return EXIT_OK
+    if not args.json:
+        io.out.write(f"session {report.id}: a cold load will\n")
+        for line in plan:
+            io.out.write(f"  - {line}\n")
+        io.out.flush()
+    if not args.yes and not _confirm(io, report.id):
+        raise CliError("repair declined; nothing was written", EXIT_DECLINED)
+    view = await stack.coordinator.load(args.id)
+    after = await examine(stack, args.id)
+    if after.status != "ok":  # pragma: no cover - the coordinator re-reads after committing
+        raise CliError(f"repair did not settle session {args.id}: now {after.status}", EXIT_DAMAGED)
+    if args.json:
+        write_json(io.out, {"id": report.id, "plan": plan, "repaired": True, "events": len(view.events)})
+    else:
+        io.out.write(f"repaired: session {report.id} now has {len(view.events)} events, balanced\n")
+    return EXIT_OK

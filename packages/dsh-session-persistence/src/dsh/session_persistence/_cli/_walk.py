@@ -1,0 +1,79 @@
+"""Walking every stored session with a progress indicator, and per-session summaries shared by the commands."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from .._errors import SessionNotFoundError
+from .._header import header_to_builtins
+from ._context import Stack
+from ._examine import SessionReport, examine
+from ._io import Io
+from ._output import Progress, iso_time
+
+__all__ = ["closer_plan", "report_json", "walk"]
+
+
+async def walk(stack: Stack, io: Io, label: str) -> list[SessionReport]:
+    """Examine every listed session (read-only), newest first by creation time."""
+    headers = await stack.coordinator.list()
+    progress = Progress(io.err, label, len(headers))
+    reports: list[SessionReport] = []
+    try:
+        for done, header in enumerate(headers, 1):
+            with contextlib.suppress(SessionNotFoundError):  # deleted since the listing: not an error
+                reports.append(await examine(stack, header.id, header))
+            progress.update(done)
+    finally:
+        progress.done()
+    reports.sort(key=lambda r: (r.header.created_at if r.header is not None else 0, r.id), reverse=True)
+    return reports
+
+
+def closer_plan(report: SessionReport) -> list[str]:
+    """What a cold load would write, one human line per action."""
+    lines: list[str] = []
+    torn = report.torn
+    if torn is not None:
+        size = f"{torn.bytes} bytes" if torn.bytes is not None else "the bytes"
+        where = f" at the end of {report.location}" if report.location else ""
+        lines.append(f"truncate a torn tail ({size}{where}): a write that was never acknowledged as durable")
+        if torn.recovered_events:
+            lines.append(f"re-append the {torn.recovered_events} complete event(s) found in that tail")
+    for event in report.closers:
+        data: Any = event.data
+        if event.type == "tool/result":
+            call_id = getattr(data.message.source, "call_id", "?")
+            code = getattr(data.error, "code", "?")
+            lines.append(f"append tool/result {code} for call {call_id} (seq {event.seq})")
+        elif event.type == "step/end":
+            lines.append(f"append step/end closing step {data.step} (seq {event.seq})")
+        elif event.type == "turn/end":
+            lines.append(f"append turn/end {{interrupted}} closing turn {data.turn} (seq {event.seq})")
+        else:  # pragma: no cover - repair emits only the three types above
+            lines.append(f"append {event.type} (seq {event.seq})")
+    return lines
+
+
+def report_json(report: SessionReport) -> dict[str, Any]:
+    """The machine-readable summary of one session (``list``, ``verify``, ``show``)."""
+    header = report.header
+    torn = report.torn
+    return {
+        "id": report.id,
+        "status": report.status,
+        "recoverable": report.recoverable,
+        "message": report.message,
+        "createdAt": None if header is None else header.created_at,
+        "created": None if header is None else iso_time(header.created_at),
+        "cwd": None if header is None or not isinstance(header.cwd, str) else header.cwd,
+        "header": None if header is None else header_to_builtins(header),
+        "events": report.stored_events,
+        "pendingClosers": [e.type for e in report.closers],
+        "tornTail": None if torn is None else {"bytes": torn.bytes, "recoveredEvents": torn.recovered_events},
+        "size": report.size,
+        "lastActivityAt": report.last_activity_ms,
+        "lastActivity": iso_time(report.last_activity_ms),
+        "location": report.location,
+    }
