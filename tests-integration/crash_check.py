@@ -1,0 +1,262 @@
+"""Parent side of the crash tests: spawn ``crash_child.py``, wait for its marker, SIGKILL it, verify the reload.
+
+Used by ``test_crash.py`` and by ``tools/crash-torture``. :func:`kill_child` follows spec/policy.md §3 (readiness by
+marker *content*, polled every 10 ms for up to 30 s; SIGKILL with no graceful step). :func:`verify` reloads the
+session in a fresh host (store + coordinator + JSONL on the same root) and reports what the kill did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from dsh.session_persistence._coordinator import PersistenceCoordinator
+from dsh.session_persistence._events import (
+    AssistantMessage,
+    SessionEvent,
+    ToolCall,
+    ToolCallBlock,
+    ToolResult,
+    TurnStart,
+    event_to_builtins,
+)
+from dsh.session_persistence._host import Host
+from dsh.session_persistence._repair import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, has_open_turn
+from dsh.session_persistence._session import SessionStore
+from dsh.session_persistence._validator import validate_turns
+from dsh.session_persistence.loop import AgentLoop
+from dsh.session_persistence.testing import ScriptedAdapter, TextResponse
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "crash_child.py"
+SESSION_ID = "semantic-checkpoint-crash"
+POLICY_PLUGIN = "session-checkpoint-policy"
+MARKERS = {
+    "request": "request-dispatched",
+    "tool": "tool-side-effect",
+    "between": "between-steps",
+    "random": "running",
+}
+POLL_S = 0.010
+READY_TIMEOUT_S = 30.0
+
+
+class ChildError(AssertionError):
+    """The child did not reach its kill point (message includes its stderr)."""
+
+
+def kill_child(
+    mode: str,
+    root: Path,
+    *,
+    policy: bool = True,
+    window_ms: int = 200,
+    seed: int = 0,
+    backend: str = "asyncio",
+    kill_delay: float = 0.0,
+) -> int:
+    """Run the child in ``mode`` on ``root``, SIGKILL it once ready (+ ``kill_delay`` s); return its returncode."""
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / "marker"
+    marker.write_bytes(b"")  # readiness is the marker's content, never its existence
+    expected = MARKERS[mode]
+    argv = [sys.executable, str(CHILD), mode, str(root), str(marker), f"--window-ms={window_ms}", f"--seed={seed}"]
+    argv.append(f"--backend={backend}")
+    if not policy:
+        argv.append("--no-policy")
+    stderr_path = root / "child.stderr"
+    with stderr_path.open("wb") as stderr:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            content = marker.read_text() if marker.exists() else ""
+            if content == expected:
+                break
+            if not expected.startswith(content):
+                raise ChildError(f"unexpected failpoint {content!r}\n{stderr_path.read_text()}")
+            if child.poll() is not None:
+                raise ChildError(f"child exited with {child.returncode} before {expected!r}\n{stderr_path.read_text()}")
+            if time.monotonic() > deadline:
+                raise ChildError(
+                    f"child did not reach {expected!r} within {READY_TIMEOUT_S}s\n{stderr_path.read_text()}"
+                )
+            time.sleep(POLL_S)
+        if kill_delay:
+            time.sleep(kill_delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+    if child.returncode != -signal.SIGKILL:
+        raise ChildError(f"child exited with {child.returncode}, expected SIGKILL\n{stderr_path.read_text()}")
+    return child.returncode
+
+
+@dataclass
+class Verdict:
+    """What a reload after a kill found."""
+
+    stored: int = 0  #: events durable on disk before repair
+    events: list[SessionEvent] = field(default_factory=list)  #: the repaired (balanced) log
+    closers: list[SessionEvent] = field(default_factory=list)  #: what repair appended
+    acked: int = 0  #: the highest acknowledged event count
+    lost: list[str] = field(default_factory=list)  #: acknowledged or side-effected facts missing from disk
+    unbalanced: list[str] = field(default_factory=list)  #: structural problems of the repaired log
+    not_started: int = 0
+    outcome_unknown: int = 0
+    resumed_turn: int | None = None
+
+    @property
+    def clean(self) -> bool:
+        """No repair was needed (the kill landed between turns)."""
+        return not self.closers
+
+    def types(self) -> list[str]:
+        return [e.type for e in self.events]
+
+    def tool_results(self) -> list[dict[str, Any]]:
+        return [event_to_builtins(e)["data"] for e in self.events if type(e) is ToolResult]
+
+
+def _read_acks(root: Path) -> list[tuple[int, str]]:
+    path = root / "acks"
+    if not path.exists():
+        return []
+    acks = []
+    for line in path.read_text().split("\n")[:-1]:  # only complete lines
+        count, event_type = line.split(" ", 1)
+        acks.append((int(count), event_type))
+    return acks
+
+
+def _check_balance(events: list[SessionEvent], problems: list[str]) -> None:
+    for index, event in enumerate(events):
+        if event.seq != index:
+            problems.append(f"seq {event.seq} at index {index}")
+            return
+    try:
+        validate_turns(events)
+    except ValueError as exc:
+        problems.append(f"turn invariant: {exc}")
+    if has_open_turn(events):
+        problems.append("open turn after load")
+    requested: dict[str, int] = {}
+    answered: set[str] = set()
+    for event in events:
+        if type(event) is AssistantMessage:
+            for block in event.data.message.content:
+                if type(block) is ToolCallBlock:
+                    requested[block.id] = event.seq
+        elif type(event) is ToolResult:
+            call_id = getattr(event.data.message.source, "call_id", None)
+            if call_id is not None:
+                answered.add(call_id)
+    for call_id in requested.keys() - answered:
+        problems.append(f"tool call {call_id!r} has no result")
+
+
+async def verify(root: Path, *, resume: bool = True, check_effects: bool = True) -> Verdict:
+    """Reload ``root`` in a fresh host and check the invariants (see the module docstring)."""
+    verdict = Verdict()
+    host = Host()
+    host.load_entrypoints()
+    store = SessionStore(host)
+    backend: Any = host.backends()["jsonl"](root / "sessions", compression="none")
+    async with PersistenceCoordinator(host, backend) as coordinator:
+        stored = await backend.load_stored(SESSION_ID)
+        stored_events = [] if stored is None else list(stored.events)
+        verdict.stored = len(stored_events)
+        acks = _read_acks(root)
+        if acks:
+            count, event_type = max(acks)
+            verdict.acked = count
+            if count > len(stored_events):
+                verdict.lost.append(f"acknowledged {count} events, only {len(stored_events)} durable")
+            elif stored_events[count - 1].type != event_type:
+                verdict.lost.append(f"acknowledged event {count - 1} was {event_type}, disk has another")
+        if stored is None:
+            if check_effects:
+                for path in sorted((root / "effects").glob("*")):
+                    verdict.lost.append(f"side effect of {path.name} without any durable log")
+            return verdict
+        view = await coordinator.load(SESSION_ID)
+        verdict.events = list(view.events)
+        verdict.closers = verdict.events[len(stored_events) :]
+        _check_balance(verdict.events, verdict.unbalanced)
+        for closer in verdict.closers:
+            if type(closer) is ToolResult:
+                code = getattr(closer.data.error, "code", None)
+                verdict.not_started += code == TOOL_NOT_STARTED
+                verdict.outcome_unknown += code == TOOL_OUTCOME_UNKNOWN
+        calls = {e.data.call_id for e in verdict.events if type(e) is ToolCall}
+        not_started = {
+            closer.data.message.source.call_id  # type: ignore[union-attr]
+            for closer in verdict.closers
+            if type(closer) is ToolResult and getattr(closer.data.error, "code", None) == TOOL_NOT_STARTED
+        }
+        if check_effects:
+            for path in sorted((root / "effects").glob("*")):
+                if path.name not in calls:
+                    verdict.lost.append(f"side effect of {path.name} without a durable tool/call")
+                if path.name in not_started:
+                    verdict.lost.append(f"side effect of {path.name} repaired as TOOL_NOT_STARTED")
+        if resume:
+            last_turn = max((e.data.turn for e in verdict.events if type(e) is TurnStart), default=0)
+            adapter = ScriptedAdapter([TextResponse("resumed fine")])
+            loop = await AgentLoop.resume(
+                host, store, coordinator, SESSION_ID, adapter, provider="crash", model="crash"
+            )
+            start = len(verdict.events)
+            await loop.run_turn("after the crash")
+            events = loop.session.events
+            if [e.seq for e in events] != list(range(len(events))):
+                verdict.unbalanced.append("resumed log is not contiguous")
+            tail = [e.type for e in events[start : start + 2]]
+            if tail != ["session/end-seed", "turn/start"]:
+                verdict.unbalanced.append(f"resume started with {tail}")
+            else:
+                verdict.resumed_turn = events[start + 1].data.turn  # type: ignore[union-attr]
+                if verdict.resumed_turn != last_turn + 1:
+                    verdict.unbalanced.append(f"resumed turn {verdict.resumed_turn}, expected {last_turn + 1}")
+            await store.flush(loop.session)
+            durable = await backend.load_stored(SESSION_ID)
+            if durable is None or len(durable.events) != len(events):
+                verdict.unbalanced.append("resumed turn not durable after flush")
+            loop.close()
+            store.dispose(loop.session)
+    return verdict
+
+
+def verify_sync(root: Path, **kw: Any) -> Verdict:
+    return anyio.run(lambda: verify(root, **kw))
+
+
+def torture_once(root: Path, seed: int) -> Verdict:
+    """One random kill: random window, backend and delay derived from ``seed``; then :func:`verify`."""
+    rng = random.Random(seed)
+    window = rng.choice([1, 5, 20, 200, 2000])
+    backend = rng.choice(["asyncio", "trio"])
+    kill_child("random", root, window_ms=window, seed=seed, backend=backend, kill_delay=rng.random() * 0.25)
+    return verify_sync(root)
+
+
+def dump(verdict: Verdict) -> str:
+    return json.dumps({"types": verdict.types(), "lost": verdict.lost, "unbalanced": verdict.unbalanced}, indent=1)
+
+
+__all__ = ["ChildError", "Verdict", "dump", "kill_child", "torture_once", "verify", "verify_sync"]
+
+if os.name == "nt":  # pragma: no cover
+    raise ImportError("crash tests need POSIX signals")
