@@ -74,7 +74,9 @@ async def cmd_show(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     out.write(f"  status    {report.status}\n")
     for line in closer_plan(report):
         out.write(f"            a load would {line}\n")
-    render_transcript(out, entries, report.id)
+    if report.closers or report.torn is not None:
+        out.write(f"            (read-only view: `dsh-sessions repair {report.id}` commits this)\n")
+    render_transcript(out, entries)
     return EXIT_OK
 
 

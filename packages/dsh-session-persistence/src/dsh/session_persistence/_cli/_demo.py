@@ -220,7 +220,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
         )
         return EXIT_OK
     out.write(f"\nThe repaired transcript ({after.stored_events} events; chunks and request headers not shown):\n")
-    render_transcript(out, entries, SESSION_ID)
+    render_transcript(out, entries)
     out.write("\nWhat the repairs mean:\n")
     for item in repairs:
         what = f"{item['name']} [{item['callId']}]" if "callId" in item else f"turn {item['turn']}"

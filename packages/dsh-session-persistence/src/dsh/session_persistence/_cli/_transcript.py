@@ -162,14 +162,14 @@ def _write_block(out: TextIO, indent: str, label: str, text: str) -> None:
             first = False
 
 
-def _repair_note(entry: dict[str, Any], session_id: str) -> str:
+def _repair_note(entry: dict[str, Any]) -> str:
     code = "closed by crash repair" if entry["repair"] == "interrupted" else entry["repair"]
     if entry.get("pending"):
-        return f"[REPAIR PENDING: {code}; not on disk yet, `dsh-sessions repair {session_id}` commits it]"
+        return f"[REPAIR PENDING: {code}; not on disk yet]"
     return f"[REPAIRED: {code}]"
 
 
-def render_transcript(out: TextIO, entries: Sequence[dict[str, Any]], session_id: str) -> None:
+def render_transcript(out: TextIO, entries: Sequence[dict[str, Any]]) -> None:
     """Print the entries as an indented transcript."""
     indent = "  "
     for entry in entries:
@@ -187,7 +187,7 @@ def render_transcript(out: TextIO, entries: Sequence[dict[str, Any]], session_id
             if entry.get("detail") is not None:
                 text += f" ({_detail(entry['detail'])})"
             if "repair" in entry:
-                text += "  " + _repair_note(entry, session_id)
+                text += "  " + _repair_note(entry)
             out.write(f"  {text}\n")
             indent = "  "
         elif kind == "user":
@@ -199,13 +199,14 @@ def render_transcript(out: TextIO, entries: Sequence[dict[str, Any]], session_id
             if text:
                 _write_block(out, indent, "assistant", text)
             for call in entry["toolCalls"]:
-                _write_block(out, indent, "assistant", f"asks for {call['name']}({_arguments(call['arguments'])})")
+                asks = f"asks for {call['name']}({_arguments(call['arguments'])}) [{call['id']}]"
+                _write_block(out, indent, "assistant", asks)
         elif kind == "tool-call":
             _write_block(out, indent, "tool", f"{entry['name']} [{entry['callId']}] started")
         elif kind == "tool-result":
             head = f"{entry['name'] or '?'} [{entry['callId']}]"
             if "repair" in entry:
-                head += "  " + _repair_note(entry, session_id)
+                head += "  " + _repair_note(entry)
             elif entry.get("isError"):
                 head += "  (error" + (f" {entry['error']}" if entry.get("error") else "") + ")"
             _write_block(out, indent, "result", f"{head}\n{entry['text']}" if entry["text"] else head)

@@ -64,7 +64,7 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     verdict = "FAILED" if bad else "passed"
     io.out.write(f"verify {verdict}: {len(reports)} session(s): {', '.join(parts)}\n")
     if bad:
-        io.out.write("see docs/operations.md: corrupt logs are never modified; nothing was written\n")
+        io.out.write("nothing was written: damaged or unsupported logs are never modified (see docs/operations.md)\n")
     return code
 
 
