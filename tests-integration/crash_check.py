@@ -19,20 +19,22 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from dsh.session_persistence._coordinator import PersistenceCoordinator
-from dsh.session_persistence._events import (
+from dsh.session_persistence import (
+    TOOL_NOT_STARTED,
+    TOOL_OUTCOME_UNKNOWN,
     AssistantMessage,
+    Host,
+    PersistenceCoordinator,
     SessionEvent,
+    SessionStore,
     ToolCall,
-    ToolCallBlock,
     ToolResult,
     TurnStart,
     event_to_builtins,
+    has_open_turn,
+    validate_turns,
 )
-from dsh.session_persistence._host import Host
-from dsh.session_persistence._repair import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, has_open_turn
-from dsh.session_persistence._session import SessionStore
-from dsh.session_persistence._validator import validate_turns
+from dsh.session_persistence._events import ToolCallBlock
 from dsh.session_persistence.loop import AgentLoop
 from dsh.session_persistence.testing import ScriptedAdapter, TextResponse
 
@@ -173,7 +175,8 @@ async def verify(root: Path, *, resume: bool = True, check_effects: bool = True)
     host = Host()
     host.load_entrypoints()
     store = SessionStore(host)
-    backend: Any = host.backends()["jsonl"](root / "sessions", compression="none")
+    backend_cls: Any = host.backends()["jsonl"]
+    backend = backend_cls(root / "sessions", compression="none")
     async with PersistenceCoordinator(host, backend) as coordinator:
         stored = await backend.load_stored(SESSION_ID)
         stored_events = [] if stored is None else list(stored.events)

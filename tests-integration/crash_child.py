@@ -27,10 +27,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from dsh.session_persistence._boundaries import Deferred, ModelRequest, PreStepDecision, PreStepInput
-from dsh.session_persistence._coordinator import PersistenceCoordinator
-from dsh.session_persistence._host import Host, hookimpl
-from dsh.session_persistence._session import Session, SessionStore
+from dsh.session_persistence import (
+    Deferred,
+    Host,
+    ModelRequest,
+    PersistenceCoordinator,
+    PreStepDecision,
+    PreStepInput,
+    Session,
+    SessionStore,
+    hookimpl,
+)
 from dsh.session_persistence.loop import AgentLoop
 from dsh.session_persistence.testing import (
     ScriptedAdapter,
@@ -122,7 +129,8 @@ async def run(args: argparse.Namespace) -> None:
     if args.no_policy:
         host.unregister(name=POLICY_PLUGIN)
     store = AckingStore(host, root / "acks")
-    backend = host.backends()["jsonl"](root / "sessions", compression="none")
+    backend_cls: Any = host.backends()["jsonl"]
+    backend = backend_cls(root / "sessions", compression="none")
     rng = random.Random(args.seed)
 
     async def block_after_marker(text: str) -> None:
@@ -167,6 +175,22 @@ async def run(args: argparse.Namespace) -> None:
         )
         chunk_delay = 0.0005
     adapter = ScriptedAdapter(script, chunk_delay=chunk_delay)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(exit_with_parent)
+        await drive(args, host, store, backend, adapter, tools)
+
+
+async def exit_with_parent() -> None:
+    """Never outlive the parent: a torture run interrupted between spawn and kill must not leak a busy child."""
+    parent = os.getppid()
+    while os.getppid() == parent:  # noqa: ASYNC110 - no event exists for "my parent died"
+        await anyio.sleep(0.5)
+    os._exit(3)
+
+
+async def drive(
+    args: argparse.Namespace, host: Host, store: SessionStore, backend: Any, adapter: ScriptedAdapter, tools: list[Any]
+) -> None:
     async with PersistenceCoordinator(host, backend, write_batch_max_delay_ms=args.window_ms):
         loop = AgentLoop(host, store, adapter, tools, provider="crash", model="crash", session_id=SESSION_ID)
         turn = 0
@@ -175,9 +199,6 @@ async def run(args: argparse.Namespace) -> None:
             await loop.run_turn(f"turn {turn}")
             if args.mode != "random":
                 await anyio.sleep_forever()
-            if args.mode == "random" and not marked:
-                write_once(marker, MARKERS["random"])
-                marked = True
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from dsh.session_persistence._coordinator import PersistenceCoordinator
-from dsh.session_persistence._events import SessionEvent, event_to_builtins
-from dsh.session_persistence._host import Host, hookimpl
-from dsh.session_persistence._session import Session, SessionStore
+from dsh.session_persistence import (
+    Host,
+    PersistenceCoordinator,
+    Session,
+    SessionEvent,
+    SessionStore,
+    event_to_builtins,
+    hookimpl,
+)
 
 POLICY_PLUGIN = "session-checkpoint-policy"
 LONG_WINDOW_MS = 600_000
@@ -99,7 +104,8 @@ async def open_stack(
     if not policy:
         host.unregister(name=POLICY_PLUGIN)
     store = SessionStore(host, check_turns=True)
-    backend = host.backends()["jsonl"](root, compression="none")
+    backend_cls: Any = host.backends()["jsonl"]
+    backend = backend_cls(root, compression="none")
     flushes = FlushProbe()
     errors = ErrorProbe()
     if probe:

@@ -13,17 +13,18 @@ from typing import Any
 
 import anyio
 import pytest
-from dsh.session_persistence._boundaries import (
+from dsh.session_persistence import (
     Deferred,
+    LiveTurnOpenError,
     ModelRequest,
     PreStepDecision,
     PreStepInput,
+    SessionAlreadyExistsError,
+    SessionEvent,
     aborted_before_dispatch_result,
+    has_open_turn,
+    hookimpl,
 )
-from dsh.session_persistence._errors import LiveTurnOpenError, SessionAlreadyExistsError
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._host import hookimpl
-from dsh.session_persistence._repair import has_open_turn
 from dsh.session_persistence.loop import AgentLoop
 from dsh.session_persistence.testing import (
     ErrorResponse,
@@ -555,3 +556,28 @@ async def test_resume_refused_while_live_turn_open_then_real_turn_end(tmp_path: 
             await AgentLoop.resume(
                 stack.host, stack.store, stack.coordinator, SID, adapter, provider="scripted", model="m1"
             )
+
+
+async def test_native_cancellation_closes_the_turn_balanced_and_propagates(tmp_path: Path) -> None:
+    async with open_stack(tmp_path) as stack:
+        gate = anyio.Event()  # never set: the parallel bodies hang until the native cancel
+        tool = ScriptedTool("p", parallel=True, gate=gate)
+        calls = (("c1", "p", {}), ("c2", "p", {}), ("c3", "p", {}))
+        adapter = ScriptedAdapter([ToolCallResponse(calls)])
+        loop = make_loop(stack, adapter, [tool], max_parallel_tool_calls=2)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(loop.run_turn, "go")
+                await wait_until(lambda: len(tool.calls) == 2)
+                tg.cancel_scope.cancel()
+        events = loop.session.events
+        assert not has_open_turn(events)
+        assert turn_end_reason(events) == {"kind": "aborted", "reason": {"kind": "disposed"}}
+        results = of_type(events, "tool/result")
+        assert [(data(r)["message"]["source"]["callId"], data(r)["error"]["code"]) for r in results] == [
+            ("c1", "ABORTED"),
+            ("c2", "ABORTED"),
+            ("c3", "ABORTED_BEFORE_DISPATCH"),
+        ]
+        assert types(events)[-2:] == ["step/end", "turn/end"]
+        assert not loop.running

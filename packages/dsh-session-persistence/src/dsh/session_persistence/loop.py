@@ -169,6 +169,15 @@ def _abort_cause(cause: object) -> dict[str, Any]:
     return {"kind": "user"}
 
 
+def _unwrap(exc: Exception) -> Exception:
+    """The only leaf of a task group's single-exception group (anyio/trio always wrap), else ``exc``."""
+    while True:
+        inner = getattr(exc, "exceptions", None)
+        if not isinstance(inner, tuple) or len(inner) != 1 or not isinstance(inner[0], Exception):
+            return exc
+        exc = inner[0]
+
+
 def _error_text(exc: BaseException) -> str:
     """The error chain text: each message (or type name when empty), outermost first."""
     parts: list[str] = []
@@ -264,6 +273,7 @@ class _Slot:
     call_seq: int
     done: anyio.Event = field(default_factory=anyio.Event)
     result: ToolExecutionResult | None = None
+    committed: bool = False
 
 
 # -------------------------------------------------------------------------------------------------
@@ -394,6 +404,7 @@ class AgentLoop:
         self._session = session
         self._runtime.loops[session.id] = self
         self._signal: CancelSignal | None = None
+        self._slots: list[_Slot] = []  # the current step's started tool calls
         self._requested = False  # whether this loop instance already logged a request header
         self._closed = False
 
@@ -574,7 +585,8 @@ class AgentLoop:
                     if ends is not None:
                         break
                 reason = {"kind": ends}
-            except Exception as exc:
+            except Exception as raised:
+                exc = _unwrap(raised)
                 if signal.aborted:
                     reason = {"kind": "aborted", "reason": _abort_cause(signal.reason)}
                 else:
@@ -709,6 +721,28 @@ class AgentLoop:
     # Tools
 
     async def _run_tools(self, turn: int, step: int, calls: list[dict[str, Any]], signal: CancelSignal) -> None:
+        self._slots = []
+        try:
+            await self._schedule(turn, step, calls, signal)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                raise  # an internal failure: rethrown without fabricating results (spec/policy.md §1.5)
+            # Native cancellation (teardown): close every call so the transcript stays balanced, then propagate.
+            started = {slot.block["id"] for slot in self._slots}
+            for slot in list(self._slots):
+                if not slot.committed:
+                    slot.result = aborted_result()
+                    self._commit(turn, step, slot)
+            for block in calls:
+                if block["id"] not in started:
+                    slot = self._start_call(turn, step, block)
+                    slot.result = aborted_before_dispatch_result()
+                    self._commit(turn, step, slot)
+            raise
+        finally:
+            self._slots = []
+
+    async def _schedule(self, turn: int, step: int, calls: list[dict[str, Any]], signal: CancelSignal) -> None:
         index = 0
         while index < len(calls) and not signal.aborted:
             tool = self.tools.get(calls[index]["name"])
@@ -776,7 +810,9 @@ class AgentLoop:
             "tool/call",
             {"turn": turn, "step": step, "callId": block["id"], "name": block["name"], "arguments": block["arguments"]},
         )
-        return _Slot(block=block, call_seq=event.seq)
+        slot = _Slot(block=block, call_seq=event.seq)
+        self._slots.append(slot)
+        return slot
 
     async def _dispatch(self, turn: int, step: int, slot: _Slot, signal: CancelSignal) -> ToolExecutionResult:
         block = slot.block
@@ -834,6 +870,7 @@ class AgentLoop:
         if isinstance(info, Mapping) and isinstance(info.get("name"), str) and isinstance(info.get("code"), str):
             data["error"] = {"name": info["name"], "code": info["code"]}
         self._session.append("tool/result", data, source_event_seqs=[slot.call_seq])
+        slot.committed = True
 
     def __repr__(self) -> str:
         state = "running" if self._signal is not None else "idle"
