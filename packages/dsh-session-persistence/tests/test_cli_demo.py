@@ -45,14 +45,11 @@ def test_demo_kills_resumes_and_explains(tmp_path: Path) -> None:
     # The side effect happened exactly once: the resumed agent checked instead of paying again.
     assert sorted(os.listdir(root / "demo-work" / "ledger")) == ["call-deposit"]
     assert sorted(os.listdir(root / "demo-work" / "outbox")) == ["call-receipt-retry"]
-    commands = re.findall(r"^  (dsh-sessions --root .+)$", out, re.MULTILINE)
-    assert commands == [
-        f"dsh-sessions --root {root} list",
-        f"dsh-sessions --root {root} show demo-booking",
-        f"dsh-sessions --root {root} verify",
-    ]
+    # Printed with this installation's script (bare "dsh-sessions" when PATH finds it), then the exact --root.
+    commands = re.findall(r"^  \S*dsh-sessions (--root .+)$", out, re.MULTILINE)
+    assert commands == [f"--root {root} list", f"--root {root} show demo-booking", f"--root {root} verify"]
     for command in commands:
-        follow = dsh_sessions(*command.split()[1:], env=env)
+        follow = dsh_sessions(*command.split(), env=env)
         assert follow.returncode == 0, follow.stderr
     verify = dsh_sessions("--root", str(root), "verify", "--json")
     report = json.loads(verify.stdout)

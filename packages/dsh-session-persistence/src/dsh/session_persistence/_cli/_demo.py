@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,6 +124,19 @@ async def _run_and_kill(root: str, work: str, backend: str) -> tuple[int, int]:
     return child.pid, returncode
 
 
+def program() -> str:
+    """How the user can run ``dsh-sessions`` again: the bare name when PATH finds this installation's script."""
+    sibling = os.path.join(os.path.dirname(sys.executable), "dsh-sessions")
+    found = shutil.which("dsh-sessions")
+    if os.path.exists(sibling):
+        if found is not None and os.path.realpath(found) == os.path.realpath(sibling):
+            return "dsh-sessions"
+        return sibling
+    if found is not None:
+        return "dsh-sessions"
+    return f"{sys.executable} -m dsh.session_persistence._cli"
+
+
 def _ledger(work: str) -> list[str]:
     ledger = os.path.join(work, "ledger")
     return sorted(os.listdir(ledger)) if os.path.isdir(ledger) else []
@@ -198,11 +212,8 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
         raise CliError(f"the resumed session is {after.status} with {len(_ledger(work))} charges", EXIT_DEMO_FAILED)
     entries = transcript_entries(after.events, after.stored_events)
     repairs = _repairs(entries)
-    commands = [
-        f"dsh-sessions --root {root} list",
-        f"dsh-sessions --root {root} show {SESSION_ID}",
-        f"dsh-sessions --root {root} verify",
-    ]
+    run = program()
+    commands = [f"{run} --root {root} list", f"{run} --root {root} show {SESSION_ID}", f"{run} --root {root} verify"]
     if args.json:
         write_json(
             out,
