@@ -13,8 +13,7 @@ import msgspec
 from dsh.session_persistence._backend import StorageMetadata
 from dsh.session_persistence._chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, pack_chunk_rows
 from dsh.session_persistence._errors import SessionFormatUnsupportedError, SessionPersistenceCorruptionError
-from dsh.session_persistence._events import SessionEvent, decode_event, decode_event_line, encode_event
-from dsh.session_persistence._events import event_to_builtins as _event_to_builtins
+from dsh.session_persistence._events import AssistantChunk, SessionEvent, decode_event, decode_event_line, encode_event
 from dsh.session_persistence._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins
 from dsh.session_persistence._json import is_safe_int
 from msgspec import UNSET
@@ -31,6 +30,7 @@ __all__ = [
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+_ChunkEvents = list[AssistantChunk]
 _ROW_PREFIXES = tuple(b'{"type":"' + tag.encode() + b'"' for tag in sorted(CHUNK_ROW_TAGS))
 _RETIRED_KEYS = ("sandboxMode", "approvalPolicy")
 
@@ -73,13 +73,30 @@ def encode_header_line(storage: StorageMetadata) -> bytes:
 
 
 def encode_batch(events: Sequence[SessionEvent], pack_chunks: bool) -> bytes:
-    """A batch's storage lines joined by LF plus one trailing LF (``b""`` for an empty batch)."""
+    """A batch's storage lines joined by LF plus one trailing LF (``b""`` for an empty batch).
+
+    With ``pack_chunks`` only runs of ``assistant/chunk`` events go through the (dict-based) packer; every other
+    event ends a run anyway, so it is encoded straight from its struct: the same bytes as packing the whole
+    batch, without a JSON round trip per event (the packer's input, ``to_builtins`` of a chunk event, equals its
+    ``event_to_builtins``; non-packable members pass through and encode to the same JSON).
+    """
     if not events:
         return b""
     if not pack_chunks:
         return b"\n".join(encode_event(e) for e in events) + b"\n"
-    rows = pack_chunk_rows([_event_to_builtins(e) for e in events])
-    return b"\n".join(_encoder.encode(r) for r in rows) + b"\n"
+    lines: list[bytes] = []
+    run: list[SessionEvent] = []
+    for event in events:
+        if type(event) is AssistantChunk:
+            run.append(event)
+            continue
+        if run:
+            lines.extend(_encoder.encode(r) for r in pack_chunk_rows(msgspec.to_builtins(run)))
+            run = []
+        lines.append(encode_event(event))
+    if run:
+        lines.extend(_encoder.encode(r) for r in pack_chunk_rows(msgspec.to_builtins(run)))
+    return b"\n".join(lines) + b"\n"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -102,7 +119,13 @@ def decode_line(line: bytes) -> list[SessionEvent]:
         members = expand_chunk_row(obj)
         if members is None:
             return [decode_event(obj)]
-        return [decode_event(m) for m in members]
+        try:
+            # One typed conversion for the whole run (a validated row expands to exact, well-formed envelopes).
+            chunks: list[SessionEvent] = msgspec.convert(members, _ChunkEvents)
+        except msgspec.ValidationError:
+            # The per-event path names the defect the way every other decode failure does.
+            return [decode_event(m) for m in members]
+        return chunks
     except (ValueError, msgspec.MsgspecError, RecursionError) as exc:
         raise LineDefect(str(exc)) from exc
 
