@@ -1,0 +1,40 @@
+"""The backend conformance kit run against JsonlBackend, for both encodings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import zstandard
+from dsh.session_persistence import SessionBackend
+from dsh.session_persistence.testing import BackendConformance
+from dsh.session_persistence_jsonl import JsonlBackend
+
+# A line that never finished: what a crash in the middle of an append leaves behind.
+_TORN_LINE = b'{"type":"turn/end","seq":'
+
+
+@pytest.fixture(params=["zstd", "none"])
+def compression(request: pytest.FixtureRequest) -> str:
+    value: str = request.param
+    return value
+
+
+class TestJsonlConformance(BackendConformance):
+    @pytest.fixture
+    def backend_factory(self, tmp_path: Path, compression: str) -> object:
+        return lambda: JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+
+    async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
+        assert isinstance(backend, JsonlBackend)
+        matches = [p for p in Path(backend.root).rglob("session.jsonl*") if p.parent.name == session_id]  # noqa: ASYNC240
+        assert len(matches) == 1, matches
+        path = matches[0]
+        if path.suffix == ".zstd":
+            # Half of a real, checksummed frame: structurally incomplete, exactly like an interrupted write.
+            frame = zstandard.ZstdCompressor(write_checksum=True).compress(_TORN_LINE + b'6,"time":0,"data":{}}\n')
+            fragment = frame[: len(frame) // 2]
+        else:
+            fragment = _TORN_LINE
+        with path.open("ab") as fh:
+            fh.write(fragment)
