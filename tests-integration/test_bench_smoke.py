@@ -1,0 +1,97 @@
+"""Smoke test for ``tools/bench``: the quick run completes and writes every figure (no timing assertions).
+
+The bench runs in a subprocess with this interpreter (the workspace Python), peers skipped: they are installed only
+in the ``bench`` hatch environment. What is checked is the shape of the JSON report, so a refactor that breaks a
+measurement (or silently drops a figure) fails here, whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
+
+
+@pytest.fixture(scope="module")
+def figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("bench")
+    out = work / "out.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--no-peers", "--json", str(out), "--dir", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result: dict[str, Any] = json.loads(out.read_text())
+    # The table went to stdout too.
+    assert "write events/s [dsh]" in proc.stdout
+    # Scratch data is removed when the run ends: only the report stays.
+    assert sorted(p.name for p in work.iterdir()) == ["out.json"]
+    return result
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("write_events_per_s", "dsh"),
+        ("write_events_per_s", "dsh_nopack"),
+        ("write_events_per_s", "raw"),
+        ("write_ratio", "dsh_vs_raw"),
+        ("reload_s", "dsh"),
+        ("load_mb_per_s", "dsh"),
+        ("load_mb_per_s", "raw"),
+        ("load_ratio",),
+        ("load_peak_vs_raw_json",),
+        ("bytes_on_disk", "dsh"),
+        ("bytes_on_disk", "dsh_nopack"),
+        ("bytes_on_disk", "raw"),
+        ("bytes_per_event", "dsh"),
+        ("bytes_vs_raw_json", "dsh"),
+        ("bytes_vs_raw_json", "dsh_nopack"),
+        ("list_10k_s",),
+        ("flush_idle_us", "median"),
+        ("flush_idle_us", "p99"),
+        ("flush_one_pending_us", "median"),
+        ("flush_one_pending_us", "p99"),
+        ("workload", "events"),
+        ("workload", "durable_points"),
+        ("machine", "nproc"),
+    ],
+    ids=lambda path: ".".join(path),
+)
+def test_figure_is_positive(figures: dict[str, Any], path: tuple[str, ...]) -> None:
+    value: Any = figures
+    for key in path:
+        assert key in value, f"missing {'.'.join(path)}"
+        value = value[key]
+    assert _positive(value), f"{'.'.join(path)} = {value!r}"
+
+
+def test_skipped_peers_are_reported_unavailable_not_zero(figures: dict[str, Any]) -> None:
+    assert figures["peers"] == {"sqlitesession": "skipped", "langgraph": "skipped"}
+    for name in ("sqlitesession", "langgraph"):
+        assert name in figures["write_events_per_s"]
+        assert figures["write_events_per_s"][name] is None
+        assert figures["bytes_on_disk"][name] is None
+    assert figures["write_ratio"]["dsh_vs_sqlitesession"] is None
+
+
+def test_both_load_sizes_and_machine_are_reported(figures: dict[str, Any]) -> None:
+    assert set(figures["load"]) == {"10MB", "100MB"}
+    for entry in figures["load"].values():
+        assert entry["events"] > 0
+        assert entry["raw_json_bytes"] > entry["file_bytes"] > 0
+    assert figures["mode"] == "quick"
+    assert {"cpu", "python", "date"} <= set(figures["machine"])
