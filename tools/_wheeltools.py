@@ -150,6 +150,12 @@ def require(condition: bool, problem: str) -> None:
         raise RuntimeError(problem)
 
 
+def short(exc: BaseException) -> str:
+    """One table cell for an error: its first line plus, for a traceback, its last (the actual error)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never")
     return subprocess.run(cmd, text=True, env=env, check=False, **kw)
@@ -196,7 +202,8 @@ def assert_imported_from_venv(venv: Path, leaves: list[str]) -> None:
         "import importlib, sys\n"
         "for leaf in sys.argv[1:]:\n"
         "    m = importlib.import_module('dsh.' + leaf)\n"
-        "    assert 'site-packages' in m.__file__, f'dsh.{leaf} imported from {m.__file__}'\n"
+        "    where = getattr(m, '__file__', None) or f'a namespace dir {list(m.__path__)} (no __init__.py)'\n"
+        "    assert 'site-packages' in where, f'dsh.{leaf} imported from {where}'\n"
     )
     proc = run([str(venv / "bin" / "python"), "-c", code, *leaves], capture_output=True, cwd=REPO)
     if proc.returncode != 0:
