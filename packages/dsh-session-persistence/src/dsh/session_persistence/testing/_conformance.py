@@ -766,9 +766,9 @@ class BackendConformance:
             assert await conformance.stored_events("cut") == one_turn_log()
             assert await conformance.revision("cut") != r0
             session.truncate(6)
-            _append_live(session, simple_turn(6, 3, "again"))
+            _append_live(session, simple_turn(6, 2, "again"))
             await p.store.flush(session)
-        assert await conformance.stored_events("cut") == one_turn_log() + simple_turn(6, 3, "again")
+        assert await conformance.stored_events("cut") == one_turn_log() + simple_turn(6, 2, "again")
 
     async def test_read_raw(self, conformance: ConformanceRig) -> None:
         """§1.2 #2 / §7.C 54: raw artifacts when supported (None when absent), else the capability error."""
