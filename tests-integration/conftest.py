@@ -8,9 +8,11 @@ Helper modules (``loop_rig``, ``crash_check``, ``crash_child``) live beside the 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dsh.session_persistence.invariant import HostWatch, watch_new_hosts
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
@@ -26,3 +28,11 @@ if _HERE not in sys.path:
 )
 def anyio_backend(request: pytest.FixtureRequest) -> object:
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def turn_invariants() -> Iterator[HostWatch]:
+    """Every Host a test builds carries the turn/step invariant companion; a recorded violation fails the test."""
+    with watch_new_hosts() as watch:
+        yield watch
+    watch.assert_clean()

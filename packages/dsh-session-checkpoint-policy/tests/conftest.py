@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+from dsh.session_persistence.invariant import HostWatch, watch_new_hosts
 
 
 @pytest.fixture(
@@ -14,3 +17,11 @@ import pytest
 )
 def anyio_backend(request: pytest.FixtureRequest) -> object:
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def turn_invariants() -> Iterator[HostWatch]:
+    """Every Host a test builds carries the turn/step invariant companion; a recorded violation fails the test."""
+    with watch_new_hosts() as watch:
+        yield watch
+    watch.assert_clean()
