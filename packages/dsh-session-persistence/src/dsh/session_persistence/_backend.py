@@ -94,8 +94,10 @@ class SessionBackend(Protocol):
     (with ``supports_raw_artifacts = True``), ``aclose()``.
     """
 
-    #: Unique backend name, used by discovery, the CLI and log lines (e.g. ``"memory"``, ``"jsonl"``).
-    NAME: str
+    @property
+    def NAME(self) -> str:  # a property so both ClassVar and per-instance names satisfy the protocol
+        """Unique backend name, used by discovery, the CLI and log lines (e.g. ``"memory"``, ``"jsonl"``)."""
+        ...
 
     async def load_stored(self, session_id: str) -> StoredPrefix | None:
         """Find the id in every storage scope; ``None`` if absent. Committed-region damage must raise."""

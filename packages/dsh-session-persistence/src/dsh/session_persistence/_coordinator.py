@@ -50,7 +50,7 @@ from ._errors import (
 )
 from ._events import SessionEvent, decode_event, event_to_builtins
 from ._format import check_format_version, refuse_unknown_events
-from ._header import SessionHeader, header_to_builtins
+from ._header import SessionHeader, header_from_builtins, header_to_builtins
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError, is_safe_int, snapshot_json
 from ._repair import has_open_turn, interrupted_turn_closers
@@ -622,16 +622,19 @@ class PersistenceCoordinator:
         events = stored.events
         try:
             _check_contiguous(events)
-            validate_turns(events)
+            validator = validate_turns(events)
         except Exception as exc:
             raise _wrap_corruption(session_id, exc) from exc
         refuse_unknown_events(session_id, events, location)
         cut = stored.inherited_event_count
         try:
             _check_cut(session_id, cut, len(events))
+            header_from_builtins(header_to_builtins(meta), expected_id=session_id)
             closers = interrupted_turn_closers(events)
-            # Restore-mode construction validates the header shape and freezes the whole balanced log.
-            Session(session_id, header=meta, seed=[*events, *closers], inherited_event_count=cut)
+            # One pass: the validator that checked the stored events continues over the closers, so the
+            # balanced view is proven valid without re-validating (or re-building) the whole log.
+            for closer in closers:
+                validator.check(closer)
         except Exception as exc:
             raise _wrap_corruption(session_id, exc) from exc
         inspection = SessionInspection(meta=meta, inherited_event_count=cut, events=(*events, *closers))
