@@ -108,6 +108,7 @@ from ._session import Session, SessionStore, wall_clock_ms
 from ._validator import TurnValidator, validate_turns
 from ._views import SessionEventSuffix, SessionInspection
 from ._write_behind import WriteBehindController
+from .loop import AgentLoop, LlmError, ModelAdapter, Tool, ToolOutput
 
 __all__ = [
     "EVENT_TYPES",
@@ -122,6 +123,7 @@ __all__ = [
     "TOOL_NOT_STARTED_TEXT",
     "TOOL_OUTCOME_UNKNOWN",
     "TOOL_OUTCOME_UNKNOWN_TEXT",
+    "AgentLoop",
     "AssistantChunk",
     "AssistantMessage",
     "CancelSignal",
@@ -132,11 +134,13 @@ __all__ = [
     "Host",
     "IncompleteInheritedPrefixError",
     "JsonValue",
+    "LlmError",
     "LiveTurnOpenError",
     "ManualScheduler",
     "MemoryBackend",
     "MemoryStore",
     "Message",
+    "ModelAdapter",
     "ModelRequest",
     "NotLosslessJsonError",
     "OpaqueEvent",
@@ -176,9 +180,11 @@ __all__ = [
     "StreamChunk",
     "TaskGroupScheduler",
     "TodoWrite",
+    "Tool",
     "ToolCall",
     "ToolExecution",
     "ToolExecutionResult",
+    "ToolOutput",
     "ToolResult",
     "TurnAborted",
     "TurnEnd",
