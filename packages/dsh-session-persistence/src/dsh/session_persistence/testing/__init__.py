@@ -1,19 +1,15 @@
-"""Test support for dsh sessions backends: the conformance kit and its helpers.
+"""Test support for dsh sessions: the backend conformance kit, scripted model adapters and tools, fault injection.
 
 Backend packages subclass :class:`BackendConformance` and override its ``backend_factory`` fixture (see that
-class for the optional hooks). Importing this package needs pytest; hypothesis is imported lazily, only by the
-property test, which is skipped when it is not installed.
+class for the optional hooks). Only :class:`BackendConformance` needs pytest (install the ``testing`` extra); it
+is imported on first use, so the scripted adapter, tools and log builders work in a plain install (the demo and
+the README example use them). Hypothesis is imported lazily, only by the property test.
 """
 
-# ruff: noqa: E402 - the assert-rewrite registration must run before the kit modules are imported
 from __future__ import annotations
 
-import pytest
+from typing import TYPE_CHECKING
 
-# Plain asserts in the kit get pytest's detailed failure messages; this must run before the modules are imported.
-pytest.register_assert_rewrite("dsh.session_persistence.testing._conformance")
-
-from ._conformance import BackendConformance
 from ._controlled import ControlledMemoryBackend
 from ._faults import FaultInjectingBackend, InjectedFault
 from ._logs import (
@@ -42,6 +38,22 @@ from ._scripted import (
     TextResponse,
     ToolCallResponse,
 )
+
+if TYPE_CHECKING:
+    from ._conformance import BackendConformance
+
+
+def __getattr__(name: str) -> object:
+    if name == "BackendConformance":
+        import pytest
+
+        # Plain asserts in the kit get pytest's detailed failure messages; must run before the module is imported.
+        pytest.register_assert_rewrite("dsh.session_persistence.testing._conformance")
+        from ._conformance import BackendConformance
+
+        return BackendConformance
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "OTHER",
