@@ -290,3 +290,48 @@ def test_zstd_apparent_torn_frame_followed_by_complete_frame_is_corruption() -> 
         SessionPersistenceCorruptionError, match=rf"apparent torn frame at byte {start} is followed by a complete frame"
     ):
         decode_zstd_log(bytes(buf), PATH)
+
+
+def _generic_row_events(line: bytes) -> list[Any]:
+    """The reference expansion: row -> wire dicts -> ``decode_event`` per member."""
+    from dsh.session_persistence._chunk_rows import expand_chunk_row
+    from dsh.session_persistence._events import decode_event
+
+    members = expand_chunk_row(json.loads(line))
+    assert members is not None
+    return [decode_event(m) for m in members]
+
+
+@pytest.mark.parametrize(
+    ("tag", "extra"),
+    [
+        ("text-chunks", {"texts": ["a", "", "é开"]}),
+        ("reasoning-chunks", {"texts": ["x", "y", "z", "w"]}),
+        ("tool-call-chunks", {"id": "c1", "args": ['{"a"', ":", "1}"]}),
+        ("tool-call-chunks", {"id": "c1", "name": "read", "args": ["", "{", "}"]}),
+    ],
+)
+def test_row_fast_path_builds_the_same_events_as_the_generic_expansion(tag: str, extra: dict[str, Any]) -> None:
+    from dsh.session_persistence._events import encode_event
+    from dsh.session_persistence_jsonl._records import decode_line
+
+    payload = extra.get("texts", extra.get("args"))
+    assert payload is not None
+    dt = [3, -1, 2**40][: len(payload) - 1]
+    row = {"type": tag, "seq0": 7, "time0": -5, "data": {"turn": 2, "step": 1, "index": 3, "dt": dt, **extra}}
+    line = json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode()
+    events = decode_line(line)
+    expected = _generic_row_events(line)
+    assert events == expected
+    assert [encode_event(e) for e in events] == [encode_event(e) for e in expected]
+
+
+@pytest.mark.parametrize("field", ["turn", "step", "index"])
+def test_row_with_negative_number_reports_the_member_error(field: str) -> None:
+    # Valid as a row (safe ints), invalid as events (counts are non-negative): the member's own error is reported.
+    from dsh.session_persistence_jsonl._records import LineDefect, decode_line
+
+    data = {"turn": 0, "step": 0, "index": 0, "dt": [1, 1], "texts": ["a", "b", "c"], field: -1}
+    line = json.dumps({"type": "text-chunks", "seq0": 1, "time0": 5, "data": data}).encode()
+    with pytest.raises(LineDefect, match=r'invalid session event "assistant/chunk" at seq 1: Expected `int` >= 0'):
+        decode_line(line)

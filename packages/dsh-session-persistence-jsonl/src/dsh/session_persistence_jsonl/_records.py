@@ -11,9 +11,19 @@ from typing import Any
 
 import msgspec
 from dsh.session_persistence._backend import StorageMetadata
-from dsh.session_persistence._chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, pack_chunk_rows
+from dsh.session_persistence._chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, pack_chunk_rows, row_member_count
 from dsh.session_persistence._errors import SessionFormatUnsupportedError, SessionPersistenceCorruptionError
-from dsh.session_persistence._events import AssistantChunk, SessionEvent, decode_event, decode_event_line, encode_event
+from dsh.session_persistence._events import (
+    AssistantChunk,
+    AssistantChunkData,
+    ReasoningDeltaChunk,
+    SessionEvent,
+    TextDeltaChunk,
+    ToolCallDeltaChunk,
+    decode_event,
+    decode_event_line,
+    encode_event,
+)
 from dsh.session_persistence._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins
 from dsh.session_persistence._json import is_safe_int
 from msgspec import UNSET
@@ -116,6 +126,9 @@ def decode_line(line: bytes) -> list[SessionEvent]:
                 # Possibly a row with a different key order: fall through to the generic path.
                 pass
         obj = _decoder.decode(line)
+        fast = _row_events(obj)
+        if fast is not None:
+            return fast
         members = expand_chunk_row(obj)
         if members is None:
             return [decode_event(obj)]
@@ -128,6 +141,49 @@ def decode_line(line: bytes) -> list[SessionEvent]:
         return chunks
     except (ValueError, msgspec.MsgspecError, RecursionError) as exc:
         raise LineDefect(str(exc)) from exc
+
+
+def _row_events(obj: object) -> list[SessionEvent] | None:
+    """A valid chunk row's events built straight as structs, or ``None`` (not a row, or left to the generic path).
+
+    The row is validated by ``row_member_count`` (same checks and errors as ``expand_chunk_row``). The structs
+    are exactly what ``msgspec.convert`` of the expanded members would give; the only member checks conversion
+    adds to the row's own are the non-negative ``turn``/``step``/``index``, so a row failing them (or anything
+    unexpected) is left to the generic path, which reports it. Saves building two dicts per member and converting
+    them (the bulk of a load's time, since most events of a streamed log are packed deltas).
+    """
+    if type(obj) is not dict:
+        return None
+    tag = obj.get("type")
+    if type(tag) is not str or tag not in CHUNK_ROW_TAGS:
+        return None
+    count = row_member_count(obj)  # validates the row completely (raises ChunkRowError)
+    data = obj["data"]
+    turn, step, index = data["turn"], data["step"], data["index"]
+    if turn < 0 or step < 0 or index < 0:
+        return None
+    seq: int = obj["seq0"]
+    time: int = obj["time0"]
+    dt = data["dt"]
+    events: list[SessionEvent] = []
+    append = events.append
+    if tag == "tool-call-chunks":
+        call_id = data["id"]
+        name = data.get("name", UNSET)
+        members = data["args"]
+        for k in range(count):
+            if k:
+                time += dt[k - 1]
+            chunk: Any = ToolCallDeltaChunk(index=index, id=call_id, name=name, arguments_delta=members[k])
+            append(AssistantChunk(seq=seq + k, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=chunk)))
+        return events
+    kind = TextDeltaChunk if tag == "text-chunks" else ReasoningDeltaChunk
+    for k, text in enumerate(data["texts"]):
+        if k:
+            time += dt[k - 1]
+        chunk = kind(index=index, text=text)
+        append(AssistantChunk(seq=seq + k, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=chunk)))
+    return events
 
 
 def _version_text(version: int | float) -> str:
