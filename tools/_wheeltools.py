@@ -80,15 +80,18 @@ def sibling_requirements(dist: Dist, dists: dict[str, Dist]) -> list[str]:
     return [r for r in dist.dependencies if requirement_name(r) in dists and requirement_name(r) != dist.name]
 
 
-def siblings_imported_by_tests(dist: Dist, dists: dict[str, Dist]) -> set[str]:
-    """Workspace distributions that `dist`'s tests import (test-only dependencies on siblings)."""
+def siblings_used_by_tests(dist: Dist, dists: dict[str, Dist]) -> set[str]:
+    """Workspace distributions that `dist`'s tests use: named in its tests (`dsh.<leaf>` imports, or the
+    distribution name, e.g. a demo run in a subprocess) or in its README (whose examples the tests run)."""
     by_leaf = {d.leaf: d.name for d in dists.values()}
+    texts = [f.read_text(errors="replace") for f in (dist.path / "tests").rglob("*.py")]
+    if (dist.path / "README.md").is_file():
+        texts.append((dist.path / "README.md").read_text(errors="replace"))
     found: set[str] = set()
-    for test_file in (dist.path / "tests").rglob("*.py"):
-        for leaf in re.findall(r"^\s*(?:from|import)\s+dsh\.(\w+)", test_file.read_text(), flags=re.MULTILINE):
-            if leaf in by_leaf and by_leaf[leaf] != dist.name:
-                found.add(by_leaf[leaf])
-    return found
+    for text in texts:
+        found |= {by_leaf[leaf] for leaf in re.findall(r"\bdsh\.(\w+)", text) if leaf in by_leaf}
+        found |= {canonical(n) for n in re.findall(r"\bdsh-session-[a-z-]*[a-z]", text) if canonical(n) in dists}
+    return found - {dist.name}
 
 
 def closure(names: set[str], dists: dict[str, Dist]) -> set[str]:
