@@ -100,3 +100,38 @@ def test_incremental_use_matches_batch() -> None:
     assert validator.open_turn is None
     with pytest.raises(TurnInvariantError, match="not greater than the previous seq"):
         validator.check(events[0])
+
+
+def _chunk(turn: int, step: int) -> tuple[str, Any]:
+    return ("assistant/chunk", {"turn": turn, "step": step, "chunk": {"type": "text-delta", "index": 0, "text": "x"}})
+
+
+@pytest.mark.parametrize(
+    ("specs", "rule", "bad_seq"),
+    [
+        ((TS1, SS11, _chunk(1, 1), _chunk(1, 2)), "step-mismatch", 3),
+        ((TS1, SS11, _chunk(1, 1), _chunk(2, 1)), "turn-mismatch", 3),
+        ((TS1, _chunk(1, 1)), "step-mismatch", 1),
+        ((_chunk(1, 1),), "turn-mismatch", 0),
+        ((TS1, SS11, _chunk(1, 1), SE11, _chunk(1, 1)), "step-mismatch", 4),
+        ((TS1, SS11, _chunk(1, 1), SE11, TE1, _chunk(1, 1)), "turn-mismatch", 5),
+    ],
+)
+def test_chunk_runs_batch_matches_incremental(specs: tuple[tuple[str, Any], ...], rule: str, bad_seq: int) -> None:
+    # validate_turns inlines the chunk case; it must reject exactly what check() rejects, with the same error.
+    events = log(*specs)
+    validator = TurnValidator()
+    with pytest.raises(TurnInvariantError) as incremental:
+        for event in events:
+            validator.check(event)
+    with pytest.raises(TurnInvariantError) as batch:
+        validate_turns(events)
+    assert (batch.value.rule, batch.value.seq, str(batch.value)) == (rule, bad_seq, str(incremental.value))
+
+
+def test_chunk_seq_order_is_checked_in_batch() -> None:
+    events = log(TS1, SS11, _chunk(1, 1), _chunk(1, 1))
+    with pytest.raises(TurnInvariantError, match="not greater than the previous seq") as info:
+        validate_turns([*events, events[2]])
+    assert info.value.rule == "seq-order"
+    assert validate_turns(events).open_turn == 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import operator
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -165,7 +166,13 @@ def _wrap_corruption(session_id: str, exc: Exception) -> SessionPersistenceCorru
     return error
 
 
+_seq_of = operator.attrgetter("seq")
+
+
 def _check_contiguous(events: Sequence[SessionEvent], start: int = 0) -> None:
+    # One C-level comparison for the common (valid) case; the loop only runs to name the first bad index.
+    if list(map(_seq_of, events)) == list(range(start, start + len(events))):
+        return
     for index, event in enumerate(events):
         if event.seq != start + index:
             raise ValueError(f"stored event at index {start + index} has seq {event.seq}")

@@ -683,6 +683,9 @@ def encode_event(event: SessionEvent) -> bytes:
 
 def first_refused_unknown(events: Iterable[SessionEvent]) -> OpaqueEvent | None:
     """The first stored event whose type is unknown to this build and not marked ``ignorable``."""
+    # Usually there is no unknown type at all: for a list or tuple one C-level pass over the types answers that.
+    if type(events) in (list, tuple) and OpaqueEvent not in set(map(type, events)):
+        return None
     for event in events:
         if type(event) is OpaqueEvent and event.ignorable is not True:
             return event

@@ -92,10 +92,23 @@ def interrupted_turn_closers(events: Sequence[SessionEvent]) -> list[SessionEven
     Deterministic: seqs continue from the last event, every closer reuses the last event's ``time``, and the
     synthetic result ids are ``interrupted-tool-result-<callId>-<seq>``.
     """
+    # Only the last turn matters: a turn/start resets the whole state and a turn/end closes it, so the walk starts
+    # at the last turn boundary (a balanced log ends with turn/end and needs no walk at all).
+    start = len(events)
+    while start:
+        start -= 1
+        boundary = events[start]
+        if isinstance(boundary, TurnStart):
+            break
+        if isinstance(boundary, TurnEnd):
+            return []
+    else:
+        return []
     open_turn: int | None = None
     open_step: int | None = None
     pending: dict[str, _Pending] = {}
-    for event in events:
+    for index in range(start, len(events)):
+        event = events[index]
         if isinstance(event, TurnStart):
             open_turn = event.data.turn
             open_step = None
