@@ -2,7 +2,8 @@
 
 python-zstandard's one-shot APIs silently stop at the first frame and silently drop a torn one, so every
 frame is located by a pure-Python structural walk and decoded with a *fresh* ``decompressobj`` whose ``eof``
-and ``unused_data`` are checked. Compressor and decompressor objects are not thread-safe: one per call.
+and ``unused_data`` are checked. Compressor and decompressor objects are not thread-safe: one per call (a read
+shares one decompressor between its frames).
 """
 
 from __future__ import annotations
@@ -102,9 +103,17 @@ def scan_frames(buf: bytes | memoryview, max_frames: int | None = None, start: i
     return FrameScan(frames, None)
 
 
-def decode_frame(frame: bytes | memoryview, offset: int) -> bytes:
-    """Decode one complete frame with checksum validation; corruption names the frame's byte offset."""
-    dobj = zstandard.ZstdDecompressor().decompressobj()
+def decode_frame(
+    frame: bytes | memoryview, offset: int, decompressor: zstandard.ZstdDecompressor | None = None
+) -> bytes:
+    """Decode one complete frame with checksum validation; corruption names the frame's byte offset.
+
+    ``decompressor`` may be shared by the frames of one read (same thread): each frame still gets a fresh
+    ``decompressobj``, but creating the decompression context per frame was most of a small frame's cost.
+    """
+    if decompressor is None:
+        decompressor = zstandard.ZstdDecompressor()
+    dobj = decompressor.decompressobj()
     try:
         out = dobj.decompress(frame)
     except zstandard.ZstdError as exc:
