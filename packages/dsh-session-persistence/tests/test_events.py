@@ -139,3 +139,51 @@ def test_fast_and_slow_decoders_agree(text: str, seq: int, time: int, meta: Any,
     event = decode_event_line(line)
     assert event == decode_event(msgspec.json.decode(line))
     assert event_to_builtins(event) == obj
+
+
+def _result_at(seq: int, seqs: object) -> dict[str, Any]:
+    message = {
+        "id": "r",
+        "role": "user",
+        "content": [{"type": "tool-result", "toolCallId": "c", "content": []}],
+        "source": {"kind": "tool", "callId": "c"},
+    }
+    data = {"turn": 1, "step": 1, "message": message}
+    return {"type": "tool/result", "seq": seq, "time": 1, "surfaceOp": "append", "sourceEventSeqs": seqs, "data": data}
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        [True],
+        [1.0],
+        [0, 2.0],
+        [3],
+        [0, 4],
+        [-1],
+        [0, -1],
+        [0, 2, 0],
+        [2, 2],
+        [2**53],
+        ["1"],
+        [None],
+        [[1]],
+        {"a": 1},
+        1,
+    ],
+)
+def test_source_event_seqs_rejections(seqs: object) -> None:
+    # Members must be exact non-negative ints below the event's seq, without repeats (fast path and loop agree).
+    obj = _result_at(3, seqs)
+    with pytest.raises(EventValidationError, match='"tool/result" carries invalid sourceEventSeqs'):
+        decode_event(obj)
+    with pytest.raises(EventValidationError, match="sourceEventSeqs"):
+        decode_event_line(msgspec.json.encode(obj))
+
+
+def test_source_event_seqs_accepted() -> None:
+    for seqs in ([0], [2, 0, 1], list(range(300))):
+        obj = _result_at(300, seqs)
+        event = decode_event(obj)
+        assert event.source_event_seqs == tuple(seqs)  # type: ignore[union-attr]
+        assert decode_event_line(msgspec.json.encode(obj)) == event

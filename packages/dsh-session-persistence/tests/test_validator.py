@@ -120,10 +120,14 @@ def _chunk(turn: int, step: int) -> tuple[str, Any]:
 def test_chunk_runs_batch_matches_incremental(specs: tuple[tuple[str, Any], ...], rule: str, bad_seq: int) -> None:
     # validate_turns inlines the chunk case; it must reject exactly what check() rejects, with the same error.
     events = log(*specs)
-    validator = TurnValidator()
-    with pytest.raises(TurnInvariantError) as incremental:
+
+    def incrementally() -> None:
+        validator = TurnValidator()
         for event in events:
             validator.check(event)
+
+    with pytest.raises(TurnInvariantError) as incremental:
+        incrementally()
     with pytest.raises(TurnInvariantError) as batch:
         validate_turns(events)
     assert (batch.value.rule, batch.value.seq, str(batch.value)) == (rule, bad_seq, str(incremental.value))

@@ -577,7 +577,23 @@ def _check_surface(etype: str, seq: int, obj: dict[str, Any]) -> None:
         _check_source_seqs(etype, seq, obj["sourceEventSeqs"])
 
 
+_INT_ONLY = {int}
+
+
 def _check_source_seqs(etype: str, seq: int, seqs: object) -> None:
+    # Fast acceptance in C-level passes (an assistant/message names every chunk it was built from, so these lists
+    # are long): exact ints, all in [0, seq), no repeats. ``seq`` is a checked safe integer, so the members are too.
+    # Anything else takes the loop below, which decides and names the defect exactly as before.
+    if type(seqs) in (list, tuple):
+        items = cast("Sequence[Any]", seqs)
+        if (
+            items
+            and set(map(type, items)) == _INT_ONLY
+            and min(items) >= 0
+            and max(items) < seq
+            and len(set(items)) == len(items)
+        ):
+            return
     bad = f'session event "{etype}" carries invalid sourceEventSeqs'
     if type(seqs) not in (list, tuple):
         raise EventValidationError(bad)
@@ -653,7 +669,8 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
     else:
         if event.surface:
             seqs = event.source_event_seqs  # type: ignore[union-attr]
-            if seqs is not UNSET:
+            # Typed decoding already made every member a non-negative safe int: only order and repeats are left.
+            if seqs is not UNSET and not (seqs and max(seqs) < event.seq and len(set(seqs)) == len(seqs)):
                 _check_source_seqs(event.type, event.seq, seqs)
             _check_message_shape(event)
         return event
