@@ -181,10 +181,11 @@ class Host(pluggy.PluginManager):
 
     def emit_session_event(self, session: Session, event: SessionEvent) -> None:
         """Call every ``session_event`` implementation, each isolated (see the hookspec)."""
+        # Runs once per appended event: the label is built only if an implementation misbehaves.
         self._call_isolated(
             "session_event",
             {"host": self, "session": session, "event": event},
-            f'session "{session.id}": session/event',
+            lambda: f'session "{session.id}": session/event',
         )
 
     def emit_session_disposed(self, session: Session) -> None:
@@ -296,18 +297,24 @@ class Host(pluggy.PluginManager):
 
     # ---------------------------------------------------------------------------------------------
 
-    def _call_isolated(self, hook_name: str, kwargs: Mapping[str, object], what: str) -> None:
+    def _call_isolated(self, hook_name: str, kwargs: Mapping[str, object], what: str | Callable[[], str]) -> None:
         caller: pluggy.HookCaller = getattr(self.hook, hook_name)
         # get_hookimpls() is in reverse call order; walk it backwards to keep pluggy's call order
         # (last registered first, tryfirst/trylast honoured), as ``pm.hook.<name>()`` would.
         for impl in reversed(caller.get_hookimpls()):
             try:
-                result = _invoke(impl, kwargs)
+                # _invoke inlined (this runs per appended event).
+                result = impl.function(*[kwargs[name] for name in impl.argnames])
             except Exception as exc:
+                if not isinstance(what, str):
+                    what = what()
                 # The spec fixes the message text, which includes the error; the traceback comes along.
                 _logger.exception("%s listener threw: %s", what, exc)  # noqa: TRY401
                 continue
-            if inspect.isawaitable(result):
+            # None (the usual result of a notification) is never awaitable: skip the inspect call for it.
+            if result is not None and inspect.isawaitable(result):
+                if not isinstance(what, str):
+                    what = what()
                 # A synchronous notification cannot await: close it so it does not warn unawaited,
                 # and say so, since the work it stood for is lost.
                 _close(result)
