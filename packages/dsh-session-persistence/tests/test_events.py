@@ -187,3 +187,53 @@ def test_source_event_seqs_accepted() -> None:
         event = decode_event(obj)
         assert event.source_event_seqs == tuple(seqs)  # type: ignore[union-attr]
         assert decode_event_line(msgspec.json.encode(obj)) == event
+
+
+def _outcome(func: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        event = func(*args)
+    except Exception as exc:  # the type and the exact text must match
+        return (type(exc).__name__, str(exc))
+    return ("ok", event_to_builtins(event))
+
+
+def _build_cases() -> list[tuple[str, int, object, Any, list[Any] | None, bool]]:
+    cases: list[tuple[str, int, object, Any, list[Any] | None, bool]] = []
+    for sample in SAMPLES:
+        seqs = sample.get("sourceEventSeqs")
+        for ignorable in (False, True):
+            cases.append((sample["type"], sample["seq"], sample["time"], sample["data"], seqs, ignorable))
+    message = SAMPLES[5]["data"]
+    result = SAMPLES[11]["data"]
+    cases += [
+        ("turn/start", 0, 1, {"turn": -1}, None, False),
+        ("turn/start", 0, 1, {"turn": 1, "extra": 1}, None, False),
+        ("turn/start", 0, 1, [1], None, False),
+        ("turn/start", 0, 1, {"turn": 1}, [0], False),
+        ("turn/start", 0, 1.5, {"turn": 1}, None, False),
+        ("turn/start", 0, 2**53, {"turn": 1}, None, False),
+        ("turn/start", 0, True, {"turn": 1}, None, False),
+        ("turn/start", 2**53, 1, {"turn": 1}, None, False),
+        ("user/message", 0, 1, {**message, "role": "assistant"}, None, False),
+        ("user/message", 2, 1, message, [0, 0], False),
+        ("user/message", 2, 1, message, [], False),
+        ("user/message", 2, 1, message, [2], False),
+        ("user/message", 2, 1, message, [1.0], False),
+        ("tool/result", 6, 1, {**result, "message": {**result["message"], "source": {"kind": "user"}}}, [5], False),
+        ("tool/result", 6, 1, {**result, "turn": "1"}, [5], False),
+        ("plugin/x", 0, 1, {"a": [1]}, None, False),
+        ("plugin/x", 0, 1, {"a": [1]}, [0], True),
+        ("", 0, 1, {}, None, False),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("case", _build_cases())
+def test_build_event_matches_decoding_the_append_envelope(case: tuple[Any, ...]) -> None:
+    # Session.append builds known events directly; the result (or the error and its text) must be what
+    # decode_event gives for the envelope the append describes.
+    from dsh.session_persistence._events import append_envelope, build_event
+
+    etype, seq, time, data, seqs, ignorable = case
+    expected = _outcome(decode_event, append_envelope(etype, seq, time, data, seqs, ignorable))
+    assert _outcome(build_event, etype, seq, time, data, seqs, ignorable) == expected

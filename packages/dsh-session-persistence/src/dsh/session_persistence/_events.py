@@ -660,6 +660,61 @@ def decode_event(obj: object) -> SessionEvent:
     return event
 
 
+#: The payload type of every known event type (the ``data`` field's declared type).
+_DATA_TYPES: dict[str, Any] = {
+    etype: next(f.type for f in msgspec.structs.fields(cls) if f.name == "data") for etype, cls in EVENT_TYPES.items()
+}
+
+
+def append_envelope(
+    etype: str, seq: int, time: int, data: Any, source_event_seqs: list[Any] | None, ignorable: bool
+) -> dict[str, Any]:
+    """The wire form a live append describes (surface types get ``surfaceOp: "append"``)."""
+    envelope: dict[str, Any] = {"type": etype, "seq": seq, "time": time, "data": data}
+    if source_event_seqs is not None:
+        envelope["sourceEventSeqs"] = source_event_seqs
+    if etype in SURFACE_EVENT_TYPES:
+        envelope["surfaceOp"] = "append"
+    if ignorable:
+        envelope["ignorable"] = True
+    return envelope
+
+
+def build_event(
+    etype: str, seq: int, time: int, data: Any, source_event_seqs: list[Any] | None, ignorable: bool
+) -> SessionEvent:
+    """``decode_event(append_envelope(...))`` without building and re-checking the envelope for a known type.
+
+    ``data`` and ``source_event_seqs`` must already have passed :func:`snapshot_json`. The envelope checks that
+    can fail for a live append are made here in the same order (time, surface metadata), the payload is converted
+    straight into its type, and the event struct is built from parts whose values are already checked; anything
+    that fails (or an unknown type) goes through :func:`decode_event` itself, so results and errors are the same.
+    """
+    cls = EVENT_TYPES.get(etype)
+    if cls is None or not is_safe_int(time) or not 0 <= seq <= MAX_SAFE_INTEGER:
+        return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
+    surface = cls.surface
+    if source_event_seqs is not None:
+        if not surface:
+            return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
+        _check_source_seqs(etype, seq, source_event_seqs)
+    try:
+        payload = msgspec.convert(data, _DATA_TYPES[etype])
+    except msgspec.ValidationError:
+        # Same conversion inside the envelope: reports the error with its envelope path, as decode_event does.
+        return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
+    flag: Literal[True] | UnsetType = True if ignorable else UNSET
+    if not surface:
+        return cast("SessionEvent", cls(seq=seq, time=time, data=payload, ignorable=flag))  # type: ignore[call-arg]
+    seqs = UNSET if source_event_seqs is None else tuple(source_event_seqs)
+    event = cast(
+        "SessionEvent",
+        cls(seq=seq, time=time, data=payload, ignorable=flag, surface_op="append", source_event_seqs=seqs),  # type: ignore[call-arg]
+    )
+    _check_message_shape(event)
+    return event
+
+
 def decode_event_line(line: bytes | str) -> SessionEvent:
     """Decode one JSON line into an event; the typed fast path falls back to :func:`decode_event` for errors."""
     try:

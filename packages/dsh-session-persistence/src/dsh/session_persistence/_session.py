@@ -22,7 +22,6 @@ from ._errors import (
     SessionLifecycleError,
 )
 from ._events import (
-    SURFACE_EVENT_TYPES,
     AssistantMessage,
     EndSeed,
     EndSeedData,
@@ -32,6 +31,7 @@ from ._events import (
     SessionEvent,
     ToolResult,
     UserMessage,
+    build_event,
     decode_event,
     event_to_builtins,
 )
@@ -237,19 +237,14 @@ class Session:
         failures are logged by the host, never raised here.
         """
         payload = snapshot_json(data, f'session event "{event_type}" data')
-        envelope: dict[str, Any] = {"type": event_type, "seq": len(self._events), "time": 0, "data": payload}
+        seqs: list[Any] | None = None
         if source_event_seqs is not None:
             seqs = list(source_event_seqs)
             snapshot_json(seqs, f'session event "{event_type}" surface metadata')
-            envelope["sourceEventSeqs"] = seqs
-        if event_type in SURFACE_EVENT_TYPES:
-            envelope["surfaceOp"] = "append"
-        if ignorable:
-            envelope["ignorable"] = True
         if self._publishing:
             raise ReentrantAppendError("session append cannot reenter while another append is being published")
-        envelope["time"] = self._clock()
-        event = decode_event(envelope)
+        # The same event (or error) as decode_event of the append's envelope, without building and re-checking it.
+        event = build_event(event_type, len(self._events), self._clock(), payload, seqs, ignorable)
         self._commit(event)
         return event
 
