@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import ClassVar, TypeVar
@@ -60,6 +61,12 @@ class SessionLogExistsError(SessionAlreadyExistsError, FileExistsError):
 
     def __str__(self) -> str:
         return self.strerror or super().__str__()
+
+
+@functools.lru_cache(maxsize=1024)
+def _transcript_path(root: str, cwd: str | None, session_id: str, compression: Compression) -> str:
+    # Pure string work, but escaping the cwd and id costs tens of microseconds, and every append needs the path.
+    return transcript_path(root, cwd, session_id, compression)
 
 
 def _checkpoint() -> None:
@@ -130,7 +137,7 @@ class JsonlBackend:
             self._preflight_done = True
 
     def _path_for(self, header: SessionHeader) -> str:
-        return transcript_path(self.root, _cwd_of(header), header.id, self.compression)
+        return _transcript_path(self.root, _cwd_of(header), header.id, self.compression)
 
     def _decode(self, data: bytes, path: str) -> DecodedLog:
         decode = decode_zstd_log if self.compression == "zstd" else decode_raw_log
