@@ -237,3 +237,14 @@ def test_build_event_matches_decoding_the_append_envelope(case: tuple[Any, ...])
     etype, seq, time, data, seqs, ignorable = case
     expected = _outcome(decode_event, append_envelope(etype, seq, time, data, seqs, ignorable))
     assert _outcome(build_event, etype, seq, time, data, seqs, ignorable) == expected
+
+
+def test_known_events_are_not_tracked_by_the_cycle_collector() -> None:
+    # Deliberate (see _events._Value): a log's structs must not make every GC pass walk the whole log.
+    import gc
+
+    for sample in SAMPLES:
+        event = decode_event(sample)
+        if type(event) is not OpaqueEvent:
+            assert not gc.is_tracked(event), sample["type"]
+            assert not gc.is_tracked(event.data), sample["type"]
