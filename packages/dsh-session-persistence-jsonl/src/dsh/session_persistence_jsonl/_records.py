@@ -7,6 +7,7 @@ packed chunk row that expands to several events.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 import msgspec
@@ -25,7 +26,7 @@ from dsh.session_persistence._events import (
     encode_event,
 )
 from dsh.session_persistence._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins
-from dsh.session_persistence._json import is_safe_int
+from dsh.session_persistence._json import MAX_SAFE_INTEGER, is_safe_int
 from msgspec import UNSET
 
 __all__ = [
@@ -143,47 +144,94 @@ def decode_line(line: bytes) -> list[SessionEvent]:
         raise LineDefect(str(exc)) from exc
 
 
-def _row_events(obj: object) -> list[SessionEvent] | None:
-    """A valid chunk row's events built straight as structs, or ``None`` (not a row, or left to the generic path).
+_ROW_KEYS = frozenset({"type", "seq0", "time0", "data"})
+_TEXT_ROW_KEYS = frozenset({"turn", "step", "index", "dt", "texts"})
+_TOOL_ROW_KEYS = frozenset({"turn", "step", "index", "dt", "id", "args"})
+_NAMED_TOOL_ROW_KEYS = _TOOL_ROW_KEYS | {"name"}
+_STR_ONLY = {str}
+_INT_ONLY = {int}
 
-    The row is validated by ``row_member_count`` (same checks and errors as ``expand_chunk_row``). The structs
-    are exactly what ``msgspec.convert`` of the expanded members would give; the only member checks conversion
-    adds to the row's own are the non-negative ``turn``/``step``/``index``, so a row failing them (or anything
-    unexpected) is left to the generic path, which reports it. Saves building two dicts per member and converting
-    them (the bulk of a load's time, since most events of a streamed log are packed deltas).
+
+def _row_events(obj: object) -> list[SessionEvent] | None:
+    """A chunk row's events built straight as structs, or ``None`` (not a row, or left to the generic path).
+
+    Saves building two dicts per member and converting them, the bulk of a load's time (most events of a streamed
+    log are packed deltas). :func:`_fast_row` accepts only rows that are valid *and* whose members convert (its
+    checks are the row validation of ``_chunk_rows`` plus the members' non-negative counts, done in C-level
+    passes); anything else is validated by ``row_member_count`` (raising the row's own error) and otherwise left
+    to the generic path, which reports a member error. The structs equal ``msgspec.convert`` of the members.
     """
     if type(obj) is not dict:
         return None
     tag = obj.get("type")
     if type(tag) is not str or tag not in CHUNK_ROW_TAGS:
         return None
-    count = row_member_count(obj)  # validates the row completely (raises ChunkRowError)
-    data = obj["data"]
-    turn, step, index = data["turn"], data["step"], data["index"]
-    if turn < 0 or step < 0 or index < 0:
-        return None
-    seq: int = obj["seq0"]
-    time: int = obj["time0"]
-    dt = data["dt"]
-    events: list[SessionEvent] = []
-    append = events.append
-    if tag == "tool-call-chunks":
-        call_id = data["id"]
-        name = data.get("name", UNSET)
-        members = data["args"]
-        for k in range(count):
-            if k:
-                time += dt[k - 1]
-            chunk: Any = ToolCallDeltaChunk(index=index, id=call_id, name=name, arguments_delta=members[k])
-            append(AssistantChunk(seq=seq + k, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=chunk)))
-        return events
-    kind = TextDeltaChunk if tag == "text-chunks" else ReasoningDeltaChunk
-    for k, text in enumerate(data["texts"]):
-        if k:
-            time += dt[k - 1]
-        chunk = kind(index=index, text=text)
-        append(AssistantChunk(seq=seq + k, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=chunk)))
+    events = _fast_row(obj, tag)
+    if events is None:
+        row_member_count(obj)  # raises ChunkRowError for an invalid row
     return events
+
+
+def _fast_row(row: dict[str, Any], tag: str) -> list[SessionEvent] | None:
+    if row.keys() != _ROW_KEYS:
+        return None
+    seq0, time0, data = row["seq0"], row["time0"], row["data"]
+    if type(seq0) is not int or type(time0) is not int or type(data) is not dict:
+        return None
+    keys = data.keys()
+    name: Any = UNSET
+    if tag == "tool-call-chunks":
+        if keys == _NAMED_TOOL_ROW_KEYS:
+            name = data["name"]
+            if type(name) is not str:
+                return None
+        elif keys != _TOOL_ROW_KEYS:
+            return None
+        call_id = data["id"]
+        if type(call_id) is not str:
+            return None
+        members = data["args"]
+    elif keys == _TEXT_ROW_KEYS:
+        members = data["texts"]
+    else:
+        return None
+    turn, step, index, dt = data["turn"], data["step"], data["index"], data["dt"]
+    if type(turn) is not int or type(step) is not int or type(index) is not int:
+        return None
+    if not (0 <= turn <= MAX_SAFE_INTEGER and 0 <= step <= MAX_SAFE_INTEGER and 0 <= index <= MAX_SAFE_INTEGER):
+        return None
+    if type(members) is not list or not members or set(map(type, members)) != _STR_ONLY:
+        return None
+    if type(dt) is not list or len(dt) != len(members) - 1:
+        return None
+    if dt and (set(map(type, dt)) != _INT_ONLY or min(dt) < -MAX_SAFE_INTEGER or max(dt) > MAX_SAFE_INTEGER):
+        return None
+    times = list(accumulate(dt, initial=time0))
+    if seq0 < 0 or seq0 + len(members) - 1 > MAX_SAFE_INTEGER or min(times) < -MAX_SAFE_INTEGER:
+        return None
+    if max(times) > MAX_SAFE_INTEGER:
+        return None
+    seqs = range(seq0, seq0 + len(members))
+    if tag == "tool-call-chunks":
+        return [
+            AssistantChunk(
+                seq=seq,
+                time=time,
+                data=AssistantChunkData(
+                    turn=turn,
+                    step=step,
+                    chunk=ToolCallDeltaChunk(index=index, id=call_id, name=name, arguments_delta=member),
+                ),
+            )
+            for seq, time, member in zip(seqs, times, members, strict=True)
+        ]
+    kind = TextDeltaChunk if tag == "text-chunks" else ReasoningDeltaChunk
+    return [
+        AssistantChunk(
+            seq=seq, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=kind(index=index, text=member))
+        )
+        for seq, time, member in zip(seqs, times, members, strict=True)
+    ]
 
 
 def _version_text(version: int | float) -> str:
