@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from dsh.session_persistence.invariant import HostWatch, watch_new_hosts
+from dsh.session_persistence.testing import use_noisy_machine_profile
+
+use_noisy_machine_profile()
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:

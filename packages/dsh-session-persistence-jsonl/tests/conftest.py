@@ -6,6 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 from dsh.session_persistence.invariant import HostWatch, watch_new_hosts
+from dsh.session_persistence.testing import use_noisy_machine_profile
+
+use_noisy_machine_profile()
 
 
 @pytest.fixture(

@@ -6,8 +6,11 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from dsh.session_persistence.testing import use_noisy_machine_profile
 
 from ._pgserver import PgCluster, running_cluster
+
+use_noisy_machine_profile()
 
 
 @pytest.fixture(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from dsh.session_persistence.testing import use_noisy_machine_profile
+
+use_noisy_machine_profile()
 
 
 @pytest.fixture(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ._controlled import ControlledMemoryBackend
 from ._faults import FaultInjectingBackend, InjectedFault
+from ._hypothesis import use_noisy_machine_profile
 from ._logs import (
     OTHER,
     WORK,
@@ -83,5 +84,6 @@ __all__ = [
     "tool_call",
     "turn_end",
     "turn_start",
+    "use_noisy_machine_profile",
     "user_message",
 ]

@@ -1036,6 +1036,11 @@ class BackendConformance:
                 pytest.skip("backend has no materialize_header")
             first = a.store.create("hdr-race", meta=first_meta)
             second = b.store.create("hdr-race", meta=meta("hdr-race", WORK, created_at=2000))
+            # Both processes finish initializing (each sees no artifact) before either materializes. Without
+            # this the test would race: a process that initializes after the header exists legitimately adopts
+            # it (same cwd and cut: hot-reload adoption), which is not the conflict this test is about.
+            await a.store.flush(first)
+            await b.store.flush(second)
             await a.persistence.ensure_materialized(first)
             with pytest.raises(SessionPersistenceError):
                 await b.persistence.ensure_materialized(second)
