@@ -1,8 +1,9 @@
 """Smoke test for ``tools/bench``: the quick run completes and writes every figure (no timing assertions).
 
-The bench runs in a subprocess with this interpreter (the workspace Python), peers skipped: they are installed only
-in the ``bench`` hatch environment. What is checked is the shape of the JSON report, so a refactor that breaks a
-measurement (or silently drops a figure) fails here, whatever the machine's speed.
+The bench runs in a subprocess with this interpreter (the workspace Python), peers skipped (they are installed only
+in the ``bench`` hatch environment) and the PostgreSQL section skipped (keeps the smoke run fast and independent of a
+server; ``hatch run bench:run --quick`` measures it). What is checked is the shape of the JSON report, so a
+refactor that breaks a measurement (or silently drops a figure) fails here, whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("bench")
     out = work / "out.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--no-peers", "--json", str(out), "--dir", str(work)],
+        [sys.executable, str(BENCH), "--quick", "--no-peers", "--no-postgres", "--json", str(out), "--dir", str(work)],
         capture_output=True,
         text=True,
         timeout=110,
@@ -95,3 +96,13 @@ def test_both_load_sizes_and_machine_are_reported(figures: dict[str, Any]) -> No
         assert entry["raw_json_bytes"] > entry["file_bytes"] > 0
     assert figures["mode"] == "quick"
     assert {"cpu", "python", "date"} <= set(figures["machine"])
+
+
+def test_skipped_postgres_is_reported_unavailable_not_zero(figures: dict[str, Any]) -> None:
+    assert figures["postgres"]["status"] == "skipped"
+    assert figures["write_events_per_s"]["postgres"] is None
+    assert figures["reload_s"]["postgres"] is None
+    assert figures["load_mb_per_s"]["postgres"] is None
+    assert set(figures["postgres_ratio"].values()) == {None}
+    # The JSONL load figures are untouched by the postgres key.
+    assert "postgres" not in figures["load"]["100MB"]["mb_per_s"]
