@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 from dsh.session_persistence._backend import StorageMetadata
@@ -17,22 +17,25 @@ from dsh.session_persistence._errors import SessionFormatUnsupportedError, Sessi
 from dsh.session_persistence._events import (
     AssistantChunk,
     AssistantChunkData,
+    KnownEvent,
     ReasoningDeltaChunk,
     SessionEvent,
     TextDeltaChunk,
     ToolCallDeltaChunk,
+    _check_message_shape,
     decode_event,
     decode_event_line,
     encode_event,
 )
 from dsh.session_persistence._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins
 from dsh.session_persistence._json import MAX_SAFE_INTEGER, is_safe_int
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 __all__ = [
     "LineDefect",
     "NotAHeaderError",
     "corrupt",
+    "decode_frame_lines",
     "decode_line",
     "encode_batch",
     "encode_header_line",
@@ -180,6 +183,7 @@ def _fast_row(row: dict[str, Any], tag: str) -> list[SessionEvent] | None:
         return None
     keys = data.keys()
     name: Any = UNSET
+    call_id: Any = None
     if tag == "tool-call-chunks":
         if keys == _NAMED_TOOL_ROW_KEYS:
             name = data["name"]
@@ -195,7 +199,13 @@ def _fast_row(row: dict[str, Any], tag: str) -> list[SessionEvent] | None:
         members = data["texts"]
     else:
         return None
-    turn, step, index, dt = data["turn"], data["step"], data["index"], data["dt"]
+    return _build_row(tag, seq0, time0, data["turn"], data["step"], data["index"], data["dt"], members, call_id, name)
+
+
+def _build_row(
+    tag: str, seq0: int, time0: int, turn: Any, step: Any, index: Any, dt: Any, members: Any, call_id: Any, name: Any
+) -> list[SessionEvent] | None:
+    """A row's member events from its checked-shape fields, or ``None`` where :func:`_fast_row` gives up."""
     if type(turn) is not int or type(step) is not int or type(index) is not int:
         return None
     if not (0 <= turn <= MAX_SAFE_INTEGER and 0 <= step <= MAX_SAFE_INTEGER and 0 <= index <= MAX_SAFE_INTEGER):
@@ -232,6 +242,104 @@ def _fast_row(row: dict[str, Any], tag: str) -> list[SessionEvent] | None:
         )
         for seq, time, member in zip(seqs, times, members, strict=True)
     ]
+
+
+class _TextRowData(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    turn: int
+    step: int
+    index: int
+    dt: list[int]
+    texts: list[str]
+
+
+class _ToolRowData(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    turn: int
+    step: int
+    index: int
+    dt: list[int]
+    id: str
+    args: list[str]
+    name: str | UnsetType = UNSET
+
+
+class _TextRow(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag="text-chunks", gc=False):
+    seq0: int
+    time0: int
+    data: _TextRowData
+
+
+class _ReasoningRow(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag="reasoning-chunks", gc=False
+):
+    seq0: int
+    time0: int
+    data: _TextRowData
+
+
+class _ToolRow(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag="tool-call-chunks", gc=False
+):
+    seq0: int
+    time0: int
+    data: _ToolRowData
+
+
+# A typed row decodes only where the dict path's key and type checks pass (exact key sets, exact ints and
+# strings, ``name`` a string when present); the value checks are then the same :func:`_build_row`.
+_frame_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Union[KnownEvent, _TextRow, _ReasoningRow, _ToolRow])
+_ROW_TAG_OF: dict[type, str] = {
+    _TextRow: "text-chunks",
+    _ReasoningRow: "reasoning-chunks",
+    _ToolRow: "tool-call-chunks",
+}
+
+
+def decode_frame_lines(plaintext: bytes) -> list[SessionEvent] | None:
+    """All events of a complete frame's LF-terminated lines, or ``None``: leave the frame to :func:`decode_line`.
+
+    The batch path for the common case (every line a known event or a valid chunk row): each line is decoded on
+    its own by one typed decoder in a C-level ``map`` (so whitespace and line boundaries mean exactly what they
+    mean to :func:`decode_line`), surface events get :func:`decode_event_line`'s post-checks, and rows go through
+    :func:`_build_row`. Any exception or refusal returns ``None`` and the caller redoes the whole frame line by
+    line, so error texts and torn/corrupt decisions come from the one per-line path. The events equal
+    :func:`decode_line`'s for each line, in order.
+    """
+    lines = plaintext.split(b"\n")
+    if lines.pop():
+        return None  # no final LF: the per-line path keeps the fragment
+    try:
+        values = list(map(_frame_decoder.decode, lines))
+        events: list[SessionEvent] = []
+        for value in values:
+            tag = _ROW_TAG_OF.get(type(value))
+            if tag is None:
+                if value.surface:
+                    # decode_event_line's post-checks; an unusual sourceEventSeqs is left to it entirely.
+                    seqs = value.source_event_seqs
+                    if seqs is not UNSET and not (seqs and max(seqs) < value.seq and len(set(seqs)) == len(seqs)):
+                        return None
+                    _check_message_shape(value)
+                events.append(value)
+                continue
+            data = value.data
+            built = _build_row(
+                tag,
+                value.seq0,
+                value.time0,
+                data.turn,
+                data.step,
+                data.index,
+                data.dt,
+                data.args if tag == "tool-call-chunks" else data.texts,
+                data.id if tag == "tool-call-chunks" else None,
+                data.name if tag == "tool-call-chunks" else UNSET,
+            )
+            if built is None:
+                return None
+            events.extend(built)
+    except Exception:  # anything at all: the per-line path decides and names it
+        return None
+    return events
 
 
 def _version_text(version: int | float) -> str:

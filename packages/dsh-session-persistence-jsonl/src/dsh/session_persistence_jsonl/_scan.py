@@ -16,7 +16,7 @@ from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._header import SessionHeader
 
 from ._frames import FrameError, decode_frame, decode_partial, find_later_complete_frame, scan_frames
-from ._records import LineDefect, NotAHeaderError, corrupt, decode_line, parse_header_line
+from ._records import LineDefect, NotAHeaderError, corrupt, decode_frame_lines, decode_line, parse_header_line
 
 __all__ = ["CommittedDamage", "DecodedLog", "LineScanner", "TornTail", "decode_raw_log", "decode_zstd_log"]
 
@@ -86,6 +86,26 @@ class LineScanner:
         self._fragment = lines.pop()
         for line in lines:
             self._take(line)
+
+    def feed_frame(self, plaintext: bytes) -> None:
+        """:meth:`feed` for a complete frame's plaintext, with every line decoded in one batch when it can be.
+
+        The batch is taken only when nothing is pending (no defect, no fragment), the frame ends on LF, every line
+        decodes (:func:`decode_frame_lines`) and the seqs continue contiguously: exactly the case in which
+        :meth:`_take` would accept each line in turn, so the same bookkeeping is applied at once. Anything else is
+        fed line by line from the start of the frame.
+        """
+        if self.defect is None and not self._fragment:
+            events = decode_frame_lines(plaintext)
+            if events is not None:
+                expected = len(self.events)
+                if list(map(_seq_of, events)) == list(range(expected, expected + len(events))):
+                    self.events.extend(events)
+                    self._line_no += plaintext.count(b"\n")
+                    self.fed += len(plaintext)
+                    self.committed = self.fed
+                    return
+        self.feed(plaintext)
 
     def _take(self, line: bytes) -> None:
         self._line_no += 1
@@ -170,7 +190,7 @@ def _feed_complete_frames(
         if checkpoint is not None:
             checkpoint()
         plaintext = decode_frame(view[start:stop], start, decompressor)
-        scanner.feed(plaintext)
+        scanner.feed_frame(plaintext)
         if scanner.has_fragment or not plaintext:
             raise CommittedDamage(_TORN_RECORD)
     if scanner.defect is not None:
