@@ -83,6 +83,7 @@ from ._logs import (
     turn_start,
 )
 from ._rig import NEVER_MS, BackendFactory, ConformanceRig, Opened, backend_name_and_options
+from .fixtures import ANYIO_BACKENDS
 
 __all__ = ["BackendConformance"]
 
@@ -131,13 +132,7 @@ class BackendConformance:
     # ------------------------------------------------------------------------------------------------------
     # Fixtures and hooks a subclass provides or overrides
 
-    @pytest.fixture(
-        scope="class",
-        params=[
-            pytest.param(("asyncio", {"debug": True}), id="asyncio"),
-            pytest.param(("trio", {}), id="trio"),
-        ],
-    )
+    @pytest.fixture(scope="class", params=ANYIO_BACKENDS)
     @classmethod
     def anyio_backend(cls, request: pytest.FixtureRequest) -> Any:
         """Every async test runs on asyncio (debug mode) and trio."""
