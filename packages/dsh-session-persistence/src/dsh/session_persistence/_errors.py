@@ -13,6 +13,9 @@ __all__ = [
     "ReentrantAppendError",
     "SessionLifecycleError",
     "LiveTurnOpenError",
+    "SessionLockedError",
+    "SessionStorageError",
+    "SessionWriteInDoubtError",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
     "SessionFormatUnsupportedError",
@@ -79,6 +82,45 @@ class SessionIdCollisionError(SessionPersistenceError):
 
 class SessionReservedError(SessionPersistenceError):
     """The id is reserved by another owner (a preparation or an in-flight cold read)."""
+
+
+class SessionStorageError(SessionPersistenceError):
+    """The storage under a backend failed (EIO, ENOSPC, ENAMETOOLONG, a lost connection, a failed rollback).
+
+    ``errno`` and ``path`` are kept when the failure came from the operating system (``None`` otherwise); the
+    original exception is chained as ``__cause__``. Whether the failed write reached storage is unknown unless
+    the backend says otherwise: the coordinator reads the stored state back before writing again.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+
+    @classmethod
+    def from_os_error(cls, action: str, exc: OSError, path: str | None = None) -> SessionStorageError:
+        """Wrap an ``OSError`` raised while doing ``action`` (chain it with ``raise ... from exc``)."""
+        where = path if path is not None else exc.filename
+        text = exc.strerror or str(exc) or type(exc).__name__
+        message = f"{action} failed: {text}" + (f" ({where})" if where is not None else "")
+        return cls(message, errno=exc.errno, path=None if where is None else str(where))
+
+
+class SessionWriteInDoubtError(SessionStorageError):
+    """A durable write failed after it may have reached storage, and reading back could not settle it."""
+
+
+class SessionLockedError(SessionPersistenceError):
+    """Another writer holds the session's writer lease; nothing was written.
+
+    ``holder`` describes the other writer where the backend knows it (for example ``"pid 4242 on host-a"``).
+    """
+
+    def __init__(self, session_id: str, holder: str | None = None) -> None:
+        who = f" by {holder}" if holder else " by another writer"
+        super().__init__(f'session "{session_id}" is locked{who}; one writer per session')
+        self.session_id = session_id
+        self.holder = holder
 
 
 class SessionLiveError(SessionPersistenceError):
