@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import zstandard
@@ -21,9 +23,15 @@ def compression(request: pytest.FixtureRequest) -> str:
 
 
 class TestJsonlConformance(BackendConformance):
+    lease_holder_names_pid: ClassVar[bool] = True
+
     @pytest.fixture
     def backend_factory(self, tmp_path: Path, compression: str) -> object:
         return lambda: JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+
+    @pytest.fixture
+    def process_backend_factory(self, tmp_path: Path, compression: str) -> object:
+        return functools.partial(JsonlBackend, tmp_path / "root", compression=compression)
 
     async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
         assert isinstance(backend, JsonlBackend)

@@ -26,7 +26,11 @@ from dsh.session_persistence._backend import (
     StoredPrefix,
     StoredSuffix,
 )
-from dsh.session_persistence._errors import SessionAlreadyExistsError, SessionNotFoundError
+from dsh.session_persistence._errors import (
+    SessionAlreadyExistsError,
+    SessionNotFoundError,
+    SessionPersistenceCorruptionError,
+)
 from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._header import SessionHeader
 
@@ -46,6 +50,7 @@ from ._layout import Compression, encode_segment, project_dir_name, transcript_p
 from ._lease import JsonlWriterLease, acquire_lease
 from ._records import NotAHeaderError, corrupt, encode_batch, encode_header_line, parse_header_line
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
+from ._seq_guard import NextSeqCache, check_continues
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
 
@@ -104,6 +109,7 @@ class JsonlBackend:
         self.compression: Compression = compression
         self.pack_chunks = bool(pack_chunks)
         self._preflight_done = False
+        self._next_seqs = NextSeqCache()
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -184,6 +190,9 @@ class JsonlBackend:
         if result is None:
             return None
         log, revision = result
+        if log.torn is None:
+            dev, ino, size = (int(part) for part in revision.split(":")[:3])
+            self._next_seqs.remember(self._path_for(log.header), (dev, ino, size), len(log.events))
         return StoredPrefix(
             meta=log.header,
             inherited_event_count=log.inherited_event_count,
@@ -288,6 +297,7 @@ class JsonlBackend:
 
     def _materialize_sync(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         header = storage.meta
+        check_continues(header.id, 0, events)
         # Encode everything before touching the disk: an encoding error must leave no trace.
         data = self._encode_header(storage) + self._encode_batch(events)
         self._ensure_preflight()
@@ -304,6 +314,20 @@ class JsonlBackend:
             publish_exclusive(path, data)
         except FileExistsError as exc:
             raise _exists_error(refusal, path) from exc
+        self._next_seqs.remember(path, os.stat(path), len(events))
+
+    def _next_seq_sync(self, path: str, session_id: str) -> tuple[int, os.stat_result]:
+        """The next seq of the transcript at ``path`` (remembered, or decoded once) and its current stat."""
+        st = os.stat(path)
+        known = self._next_seqs.lookup(path, st)
+        if known is not None:
+            return known, st
+        data, _revision = stable_read(path)
+        log = self._decode(data, path)
+        if log.torn is not None:
+            # Appending after a torn fragment would bury it mid-log; the coordinator repairs before appending.
+            raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail ("{path}")')
+        return len(log.events), os.stat(path)
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
@@ -325,7 +349,12 @@ class JsonlBackend:
         path = self._path_for(storage.meta)
 
         def work() -> None:
-            append_durable(path, self._encode_batch(batch))
+            next_seq, st = self._next_seq_sync(path, storage.meta.id)
+            check_continues(storage.meta.id, next_seq, batch)
+            data = self._encode_batch(batch)
+            self._next_seqs.forget(path)
+            append_durable(path, data)
+            self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
 
         await self._run_shielded(work)
 
@@ -340,6 +369,7 @@ class JsonlBackend:
         if torn_marker is not None and not isinstance(torn_marker, TornTail):
             raise TypeError(f"torn_marker must come from this backend's load_stored, got {type(torn_marker).__name__}")
         path = self._path_for(storage.meta)
+        self._next_seqs.forget(path)
         batch: list[SessionEvent] = []
         if torn_marker is not None:
             marker = torn_marker
@@ -364,6 +394,7 @@ class JsonlBackend:
                 os.stat(path)
             except FileNotFoundError:
                 raise SessionNotFoundError(storage.meta.id) from None
+            self._next_seqs.forget(path)
             replace_durable(path, data)
 
         await self._run_shielded(work)
