@@ -260,6 +260,12 @@ class PersistenceCoordinator:
         except Exception:
             _logger.exception("session persistence background task failed")
 
+    async def _take_writer_lease(self, meta: SessionHeader) -> None:
+        """Hold ``meta.id``'s writer lease until this coordinator closes (the CLI's ``repair`` is a writer even
+        when nothing needs repair). Raises ``SessionLockedError`` while another writer holds it."""
+        core = self._core
+        await core.chains.run(meta.id, lambda: core.leases.acquire(meta))
+
     async def _cold_commit(self, session_id: str) -> SessionInspection:
         """The cold load's serialized core (exposed for tests that drive it directly)."""
         return await cold_commit(self._core, session_id)
