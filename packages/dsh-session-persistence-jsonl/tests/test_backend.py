@@ -7,9 +7,10 @@ not the code under test), hence the file-wide ASYNC230/ASYNC240 exemption.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import stat
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,16 +23,17 @@ from dsh.session_persistence._errors import (
     SessionAlreadyExistsError,
     SessionFormatUnsupportedError,
     SessionPersistenceCorruptionError,
+    SessionStorageError,
+    SessionWriteInDoubtError,
 )
 from dsh.session_persistence._repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend, SessionLogExistsError, TornTail
 from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame, scan_frames
 from dsh.session_persistence_jsonl._fs import fsync_dir
 
+from ._formats import declared, pairs, rewrite_plaintexts, write_v0
+from ._formats import plaintext as v1_plaintext
 from ._sessions import Builder, session_events, storage, turn_batches
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import ExceptionGroup
 
 pytestmark = pytest.mark.anyio
 
@@ -57,12 +59,18 @@ async def write(backend: JsonlBackend, st: StorageMetadata, batches: list[list[A
 
 
 def plaintext(backend: JsonlBackend, path: str) -> bytes:
-    data = Path(path).read_bytes()
-    if backend.compression == "none":
-        return data
-    return b"".join(
-        zstandard.ZstdDecompressor().decompressobj().decompress(data[s:e]) for s, e in scan_frames(data).frames
-    )
+    return v1_plaintext(Path(path).read_bytes(), backend.compression)
+
+
+def torn_fragment(backend: JsonlBackend, path: Path) -> bytes:
+    """Half of the next declared batch: what an append interrupted by a crash leaves on disk."""
+    last = pairs(path.read_bytes(), backend.compression)[-1]
+    seq = last.first_seq + last.count
+    pair = declared(backend.compression, seq, 1, b'{"type":"turn/start","seq":%d,"time":1,"data":{"turn":9}}\n' % seq)
+    return pair[:ZSTD_HALF] if backend.compression == "zstd" else pair[:40]
+
+
+ZSTD_HALF = 40  # inside the data: the declaration (32 bytes) is complete
 
 
 async def test_protocol_and_plugin() -> None:
@@ -97,7 +105,7 @@ async def test_lifecycle_round_trip_and_permissions(make: Factory, tmp_path: Pat
     assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
     assert os.listdir(Path(path).parent) == [Path(path).name]  # no staging file left
     lines = plaintext(backend, path).splitlines()
-    assert lines[0].startswith(b'{"type":"session","version":0,"id":"s/1","createdAt":')
+    assert lines[0].startswith(b'{"type":"session","version":1,"id":"s/1","createdAt":')
     assert b'"isSeeded":false' in lines[0]
     assert b'"delegationDepth":2' in lines[0]
     suffix = await backend.load_stored_from("s/1", 10)
@@ -123,7 +131,8 @@ async def test_header_round_trip_defaults_and_seeded_cut(make: Factory) -> None:
     assert {s.header.id for s in await backend.list_snapshots()} == {"p", "child"}
 
 
-async def test_zstd_frames_one_per_batch(tmp_path: Path) -> None:
+async def test_zstd_one_declared_frame_per_batch(tmp_path: Path) -> None:
+    """v1: a skippable declaration frame before each batch's frame; the file stays a valid zstd stream."""
     backend = JsonlBackend(tmp_path)
     st = storage()
     batches = turn_batches(2)
@@ -131,12 +140,19 @@ async def test_zstd_frames_one_per_batch(tmp_path: Path) -> None:
     path = Path(backend.locate(st.meta).path)
     assert path.name == "session.jsonl.zstd"
     first = path.read_bytes()
-    assert first.startswith(MAGIC)
-    assert len(scan_frames(first).frames) == 2
+    assert first.startswith(b"\x5d\x2a\x4d\x18")  # a skippable frame: the header's declaration
+    assert [(p.first_seq, p.count) for p in pairs(first, "zstd")] == [(0, 0), (0, len(batches[0]))]
     await backend.append_batch(st, batches[1], True)
     second = path.read_bytes()
     assert second.startswith(first)
-    assert len(scan_frames(second).frames) == 3
+    found = pairs(second, "zstd")
+    assert [(p.first_seq, p.count) for p in found] == [(0, 0), (0, len(batches[0])), (len(batches[0]), len(batches[1]))]
+    assert found[-1].end == len(second)
+    for p in found:
+        assert second[p.data_start : p.data_start + 4] == MAGIC  # each data is one ordinary zstd frame
+    # Any conforming decoder skips the declarations: `zstd -dc` prints the logical JSONL.
+    with zstandard.ZstdDecompressor().stream_reader(second, read_across_frames=True) as reader:
+        assert reader.read() == v1_plaintext(second, "zstd")
 
 
 async def test_raw_file_is_the_logical_content(tmp_path: Path) -> None:
@@ -148,8 +164,13 @@ async def test_raw_file_is_the_logical_content(tmp_path: Path) -> None:
     assert raw is not None
     assert raw.filename == "session.jsonl"
     path = Path(backend.locate(st.meta).path)
-    assert raw.content == path.read_text()
+    assert raw.content.encode() == v1_plaintext(path.read_bytes(), "none")
     assert len(raw.content.splitlines()) == len(events) + 1
+    # Every line of the file is JSON (jq reads it): the declarations are JSON lines too.
+    file_lines = path.read_text().splitlines()
+    assert len(file_lines) == len(events) + 3
+    assert all(isinstance(json.loads(line), dict) for line in file_lines)
+    assert [json.loads(line)["type"] for line in file_lines].count("dsh.batch") == 2
 
 
 async def test_read_raw(make: Factory) -> None:
@@ -163,7 +184,7 @@ async def test_read_raw(make: Factory) -> None:
     assert await backend.read_raw("missing") is None
     path = Path(backend.locate(st.meta).path)
     with path.open("ab") as fh:
-        fh.write(b"\x28\xb5" if backend.compression == "zstd" else b'{"partial')
+        fh.write(torn_fragment(backend, path))
     raw2 = await backend.read_raw("s1")
     assert raw2 is not None
     assert raw2.content == raw.content  # the torn tail is omitted in both modes
@@ -189,8 +210,12 @@ async def test_append_failure_is_rolled_back(make: Factory, monkeypatch: pytest.
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", failing_once)
-    with pytest.raises(OSError, match="injected fsync failure"):
+    with pytest.raises(SessionStorageError, match="injected fsync failure") as info:
         await backend.append_batch(st, batches[1], True)
+    assert not isinstance(info.value, SessionWriteInDoubtError)  # rolled back: definitely not stored
+    assert info.value.errno == 5
+    assert info.value.path == str(path)
+    assert isinstance(info.value.__cause__, OSError)
     assert path.read_bytes() == before  # the written bytes were truncated away again
     await backend.append_batch(st, batches[1], True)  # the retry with the same batch succeeds
     monkeypatch.undo()
@@ -200,7 +225,7 @@ async def test_append_failure_is_rolled_back(make: Factory, monkeypatch: pytest.
     assert loaded.events == [e for b in batches for e in b]
 
 
-async def test_append_and_rollback_failure_raise_a_group(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_append_and_rollback_failure_is_in_doubt(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = make()
     st = storage()
     batches = turn_batches(2)
@@ -210,9 +235,11 @@ async def test_append_and_rollback_failure_raise_a_group(make: Factory, monkeypa
         raise OSError(5, "injected")
 
     monkeypatch.setattr(os, "fsync", always)
-    with pytest.raises(ExceptionGroup, match="failed to roll back append to") as info:
+    with pytest.raises(SessionWriteInDoubtError, match="rolling it back failed too") as info:
         await backend.append_batch(st, batches[1], True)
-    assert len(info.value.exceptions) == 2
+    assert info.value.errno == 5
+    assert info.value.path == backend.locate(st.meta).path
+    assert isinstance(info.value.__cause__, OSError)
 
 
 async def test_append_never_recreates_a_deleted_log(make: Factory) -> None:
@@ -220,8 +247,10 @@ async def test_append_never_recreates_a_deleted_log(make: Factory) -> None:
     st = storage()
     await write(backend, st, turn_batches(1))
     os.unlink(backend.locate(st.meta).path)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(SessionStorageError) as info:
         await backend.append_batch(st, session_events(2)[-3:], True)
+    assert info.value.errno == errno.ENOENT
+    assert isinstance(info.value.__cause__, FileNotFoundError)
     assert not os.path.lexists(backend.locate(st.meta).path)
 
 

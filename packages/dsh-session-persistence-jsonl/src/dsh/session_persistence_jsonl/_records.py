@@ -27,7 +27,12 @@ from dsh.session_persistence._events import (
     decode_event_line,
     encode_event,
 )
-from dsh.session_persistence._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins
+from dsh.session_persistence._header import (
+    READABLE_FORMAT_VERSIONS,
+    SESSION_FORMAT_VERSION,
+    SessionHeader,
+    header_from_builtins,
+)
 from dsh.session_persistence._json import MAX_SAFE_INTEGER, is_safe_int
 from msgspec import UNSET, UnsetType
 
@@ -376,7 +381,7 @@ def _foreign_version(obj: object) -> int | float | None:
     if type(obj) is not dict:
         return None
     version = obj.get("version")
-    if isinstance(version, (int, float)) and type(version) is not bool and version != SESSION_FORMAT_VERSION:
+    if isinstance(version, (int, float)) and type(version) is not bool and version not in READABLE_FORMAT_VERSIONS:
         return version
     return None
 

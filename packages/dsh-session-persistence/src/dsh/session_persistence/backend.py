@@ -49,7 +49,13 @@ from ._events import (
     first_refused_unknown,
 )
 from ._format import check_format_version, refuse_unknown_events
-from ._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
+from ._header import (
+    READABLE_FORMAT_VERSIONS,
+    SESSION_FORMAT_VERSION,
+    SessionHeader,
+    header_from_builtins,
+    header_to_builtins,
+)
 from ._host import hookimpl
 from ._json import MAX_SAFE_INTEGER, is_safe_int
 
@@ -57,6 +63,7 @@ __all__ = [
     "CHUNK_ROW_TAGS",
     "EVENT_TYPES",
     "MAX_SAFE_INTEGER",
+    "READABLE_FORMAT_VERSIONS",
     "SESSION_FORMAT_VERSION",
     "ChunkRowError",
     "IncompleteInheritedPrefixError",
