@@ -32,7 +32,7 @@ class TestJsonlConformance(BackendConformance):
         path = matches[0]
         # Half of a real declared batch (declaration + data): exactly what an interrupted write leaves.
         compression = "zstd" if path.suffix == ".zstd" else "none"
-        seq = len(walk_declared(BufferSource(path.read_bytes()), compression, str(path), 1 << 20).events)  # noqa: ASYNC240
+        seq = len(walk_declared(BufferSource(path.read_bytes()), compression, str(path), 1 << 20).events)
         pair = encode_declared_batch(compression, seq, 1, _TORN_LINE % seq)
         fragment = pair[: len(pair) // 2]
         with path.open("ab") as fh:

@@ -15,6 +15,7 @@ from .._errors import (
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
+    SessionStorageError,
 )
 from ._commands import cmd_export, cmd_list, cmd_plugins, cmd_show, cmd_stats
 from ._context import ROOT_ENV, load_host, open_stack, parse_options, resolve_root, storage_message
@@ -114,6 +115,8 @@ def _classify(exc: BaseException, root: str | None) -> CliError | None:
         return exc
     if isinstance(exc, SessionNotFoundError):
         return CliError(str(exc), EXIT_NOT_FOUND)
+    if isinstance(exc, SessionStorageError) and isinstance(exc.__cause__, OSError):
+        return CliError(storage_message(exc.__cause__, root or "?"), EXIT_UNAVAILABLE)
     if isinstance(exc, (SessionFormatUnsupportedError, SessionPersistenceCorruptionError, SessionPersistenceError)):
         return CliError(str(exc), EXIT_DAMAGED)
     if isinstance(exc, OSError):
