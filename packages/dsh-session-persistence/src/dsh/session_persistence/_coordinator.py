@@ -116,8 +116,8 @@ class PersistenceCoordinator:
     """The session persistence service: durable, serialized, validated storage of live and cold sessions.
 
     :param host: the plugin host; its ``sessions`` store (if any) tells which ids are live.
-    :param backend: the storage primitives (:class:`~dsh.session_persistence.SessionBackend`); its optional
-        primitives are resolved once, here.
+    :param backend: the storage primitives (:class:`~dsh.session_persistence.backend.SessionBackend`); its
+        optional primitives are resolved once, here.
     :param write_batch_max_delay_ms: the write-behind window, an integer in ``1..2147483647`` (default 200).
     :param prepared_session_cache_size: validated for forward compatibility (the cache is not implemented yet).
     :param scheduler: timers for the write-behind windows; defaults to tasks sleeping in the coordinator's task

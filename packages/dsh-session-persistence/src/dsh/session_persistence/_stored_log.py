@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 
-
 def corruption(session_id: str, cause: Exception) -> SessionPersistenceCorruptionError:
     """The one wrapping of a defect found in stored data (``cause`` chained)."""
     error = SessionPersistenceCorruptionError(f'stored session "{session_id}" failed validation: {cause}')
