@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from dsh.session_persistence.backend import SessionEvent, StorageMetadata
+from dsh.session_persistence.backend import SessionEvent, StorageMetadata, encode_storage_lines
 from dsh.session_persistence_jsonl._batches import BufferSource, encode_declared_batch, walk_declared
 from dsh.session_persistence_jsonl._declarations import (
     ZSTD_DECLARATION_SIZE,
@@ -22,14 +22,14 @@ from dsh.session_persistence_jsonl._declarations import (
 )
 from dsh.session_persistence_jsonl._frames import compress_frame
 from dsh.session_persistence_jsonl._layout import transcript_path
-from dsh.session_persistence_jsonl._records import encode_batch, encode_header_line
+from dsh.session_persistence_jsonl._records import encode_header_line
 
 
 def v0_bytes(storage: StorageMetadata, batches: Sequence[Sequence[SessionEvent]], compression: str) -> bytes:
     """A v0 transcript: the header with version 0, then one frame (or the lines) per batch."""
     v0 = StorageMetadata(msgspec.structs.replace(storage.meta, version=0), storage.inherited_event_count)
     header = encode_header_line(v0)
-    bodies = [encode_batch(batch, True) for batch in batches if batch]
+    bodies = [encode_storage_lines(batch, pack_chunks=True) for batch in batches if batch]
     if compression == "zstd":
         return compress_frame(header) + b"".join(compress_frame(b) for b in bodies)
     return header + b"".join(bodies)

@@ -18,15 +18,17 @@ from typing import Any
 import anyio
 import pytest
 import zstandard
-from dsh.session_persistence._backend import SessionBackend, StorageMetadata
-from dsh.session_persistence._errors import (
+from dsh.session_persistence.backend import (
     SessionAlreadyExistsError,
+    SessionBackend,
     SessionFormatUnsupportedError,
     SessionPersistenceCorruptionError,
     SessionStorageError,
     SessionWriteInDoubtError,
+    StorageMetadata,
+    encode_storage_lines,
 )
-from dsh.session_persistence._repair import interrupted_turn_closers
+from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend, SessionLogExistsError, TornTail
 from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame
 from dsh.session_persistence_jsonl._fs import fsync_dir
@@ -353,9 +355,11 @@ async def test_crash_tail_repair_and_continue(make: Factory) -> None:
     await backend.append_batch(st, committed, False)
     path = Path(backend.locate(st.meta).path)
     before = path.read_bytes()
-    from dsh.session_persistence_jsonl._records import encode_batch
+    from dsh.session_persistence.backend import encode_storage_lines
 
-    pair = declared(backend.compression, len(committed), len(tail_events), encode_batch(tail_events, False))
+    pair = declared(
+        backend.compression, len(committed), len(tail_events), encode_storage_lines(tail_events, pack_chunks=False)
+    )
     path.write_bytes(before + pair[: len(pair) - 200])
     loaded = await backend.load_stored("s1")
     assert loaded is not None
@@ -373,9 +377,7 @@ async def test_v0_crash_tail_repair_upgrades_and_continues(make: Factory, tmp_pa
     committed, tail_events = _crash_tail_events()
     path = write_v0(tmp_path / "root", st, [committed], backend.compression)
     before = path.read_bytes()
-    from dsh.session_persistence_jsonl._records import encode_batch
-
-    tail = encode_batch(tail_events, False)
+    tail = encode_storage_lines(tail_events, pack_chunks=False)
     if backend.compression == "zstd":
         frame = compress_frame(tail)
         # cut inside the big chunk line's block data so that turn/start and step/start decode
@@ -746,7 +748,8 @@ async def test_hostile_ids_stay_under_root(make: Factory, tmp_path: Path) -> Non
 
 
 async def test_unknown_event_types_are_kept_opaque(make: Factory) -> None:
-    from dsh.session_persistence._events import OpaqueEvent, decode_event
+    from dsh.session_persistence.backend import decode_event
+    from dsh.session_persistence.events import OpaqueEvent
 
     backend = make()
     events = [

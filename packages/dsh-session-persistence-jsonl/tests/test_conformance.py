@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dsh.session_persistence import SessionBackend
+from dsh.session_persistence.backend import SessionBackend
 from dsh.session_persistence.testing import BackendConformance
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._batches import BufferSource, encode_declared_batch, walk_declared

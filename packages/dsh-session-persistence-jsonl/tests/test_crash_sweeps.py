@@ -24,11 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dsh.session_persistence._repair import interrupted_turn_closers
-from dsh.session_persistence.backend import SessionFormatUnsupportedError, SessionPersistenceError
+from dsh.session_persistence.backend import (
+    SessionFormatUnsupportedError,
+    SessionPersistenceError,
+    decode_storage_line,
+    encode_storage_lines,
+)
+from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._discovery import check_identity
-from dsh.session_persistence_jsonl._records import decode_line, encode_batch
 
 from ._formats import pairs, write_v0
 from ._sessions import storage, turn_batches
@@ -198,9 +202,9 @@ async def test_v0_truncation_sweep_keeps_complete_frames_and_lines(tmp_path: Pat
     everything = committed + batches[-1]
     lines: list[tuple[int, int]] = []
     pos = count = 0
-    for line in encode_batch(batches[-1], True).split(b"\n")[:-1]:
+    for line in encode_storage_lines(batches[-1], pack_chunks=True).split(b"\n")[:-1]:
         pos += len(line) + 1
-        count += len(decode_line(line))
+        count += len(decode_storage_line(line))
         lines.append((pos, count))
     for cut in range(last_start, len(full)):
         log = _decode(backend, path, full[:cut])

@@ -32,6 +32,7 @@ from dsh.session_persistence.backend import (
     StorageMetadata,
     StoredPrefix,
     StoredSuffix,
+    encode_storage_lines,
 )
 
 from ._batches import (
@@ -62,7 +63,8 @@ from ._fs import (
     truncate_durable,
 )
 from ._layout import Compression, project_dir_name, session_segment, transcript_path
-from ._records import NotAHeaderError, corrupt, encode_batch, encode_header_line, parse_header_line
+from ._lease import JsonlWriterLease, acquire_lease
+from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 from ._upgrade import current_header, declared_log
 
@@ -216,7 +218,7 @@ class JsonlBackend:
         return log, revision
 
     def _encode_batch(self, events: Sequence[SessionEvent]) -> bytes:
-        plaintext = encode_batch(events, self.pack_chunks)
+        plaintext = encode_storage_lines(events, pack_chunks=self.pack_chunks)
         pair = encode_declared_batch(self.compression, events[0].seq, len(events), plaintext)
         if len(plaintext) > self.max_batch_bytes or len(pair) - len(plaintext) > self.max_batch_bytes:
             raise BatchTooLargeError(
@@ -532,8 +534,20 @@ class JsonlBackend:
 
         await self._run_shielded(work, "rewriting the session log")
 
+    async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
+        """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.
+
+        Refused at once with ``SessionLockedError`` (naming the holder's pid and host) while another process, or
+        another backend instance in this one, holds it; the kernel releases it when its holder dies.
+        """
+        session_dir = os.path.dirname(self._path_for(meta))
+        return await self._run_shielded(
+            lambda: acquire_lease(self.root, session_dir, meta.id), "taking the writer lease"
+        )
+
     async def aclose(self) -> None:
-        """Nothing to release: no descriptor outlives a primitive call."""
+        """Nothing to release: no descriptor outlives a primitive call (writer leases are released by their
+        holder, the coordinator)."""
 
 
 def _exists_error(message: str, path: str) -> SessionLogExistsError:

@@ -23,7 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import zstandard
-from dsh.session_persistence.backend import SessionEvent, SessionHeader, SessionPersistenceError
+from dsh.session_persistence.backend import (
+    SessionEvent,
+    SessionHeader,
+    SessionPersistenceError,
+    StorageLineError,
+    decode_storage_lines,
+)
 
 from ._bounded import decompress_declared
 from ._declarations import (
@@ -44,7 +50,7 @@ from ._declarations import (
 )
 from ._frames import FrameError, compress_frame
 from ._layout import Compression
-from ._records import LineDefect, NotAHeaderError, corrupt, decode_frame_lines, decode_line, parse_header_line
+from ._records import NotAHeaderError, corrupt, parse_header_line
 from ._scan import HEADER_CAP, DecodedLog, TornTail
 
 __all__ = [
@@ -205,14 +211,10 @@ class _Walk:
         where = f"batch at byte {offset}"
         if not plaintext.endswith(b"\n"):
             raise self.damage(f"{where} does not end with a complete JSONL record")
-        events = decode_frame_lines(plaintext)
-        if events is None:
-            events = []
-            for number, line in enumerate(plaintext[:-1].split(b"\n"), 1):
-                try:
-                    events.extend(decode_line(line))
-                except LineDefect as exc:
-                    raise self.damage(f"{where}: unparsable committed event at line {number}: {exc}") from exc
+        try:
+            events = decode_storage_lines(plaintext)
+        except StorageLineError as exc:
+            raise self.damage(f"{where}: unparsable committed event: {exc}") from exc
         seqs = list(map(_seq_of, events))
         if seqs != list(range(decl.first_seq, decl.first_seq + decl.count)):
             raise self.damage(

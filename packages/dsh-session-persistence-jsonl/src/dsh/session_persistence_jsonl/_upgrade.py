@@ -18,11 +18,12 @@ from dsh.session_persistence.backend import (
     SessionEvent,
     SessionHeader,
     StorageMetadata,
+    encode_storage_lines,
 )
 
 from ._batches import BatchTooLargeError, BufferSource, encode_declared_batch, encode_declared_header, walk_declared
 from ._layout import Compression
-from ._records import corrupt, encode_batch, encode_header_line
+from ._records import corrupt, encode_header_line
 
 __all__ = ["UPGRADE_BATCH_EVENTS", "current_header", "declared_log", "split_batches"]
 
@@ -73,7 +74,7 @@ def declared_log(
     storage = current_header(storage)
 
     def encode(group: Sequence[SessionEvent]) -> bytes:
-        return encode_batch(group, pack_chunks)
+        return encode_storage_lines(group, pack_chunks=pack_chunks)
 
     parts = [encode_declared_header(compression, encode_header_line(storage))]
     groups = split_batches(committed, encode, cap)
