@@ -47,6 +47,7 @@ from ._batches import (
     walk_declared,
 )
 from ._bounded import DEFAULT_MAX_BATCH_BYTES
+from ._damage import DamagedTail, find_damaged_tail
 from ._declarations import MAX_DECLARED_BYTES
 from ._discovery import Damaged, Listed, check_identity, check_target_dir, find_transcript, list_transcripts, preflight
 from ._frames import FrameError, decode_frame, scan_frames
@@ -533,6 +534,41 @@ class JsonlBackend:
             self._declared.add(path)
 
         await self._run_shielded(work, "rewriting the session log")
+
+    # --------------------------------------------------------------------------------------------------------
+    # the operator's explicit step for a damaged final batch
+
+    def _damaged_tail_sync(self, session_id: str) -> DamagedTail | None:
+        path = self._find(session_id)
+        if path is None:
+            raise SessionNotFoundError(session_id)
+        data, _revision = stable_read(path)
+        return find_damaged_tail(data, self.compression, path, self.max_batch_bytes)
+
+    async def find_damaged_tail(self, session_id: str) -> DamagedTail | None:
+        """The damaged final batch of a session's v1 log (``None`` if none); never writes.
+
+        Raises ``SessionPersistenceCorruptionError`` when the damage is not confined to the final batch.
+        """
+        return await self._run(lambda: self._damaged_tail_sync(session_id), "reading the session log")
+
+    async def discard_damaged_tail(self, session_id: str, tail: DamagedTail) -> None:
+        """Cut the file at ``tail.start``, only if it still holds exactly that damaged final batch.
+
+        The operator's explicit step (``dsh-sessions repair --discard-damaged-tail``, under the writer lease):
+        load and crash repair never cut damage.
+        """
+
+        def work() -> None:
+            current = self._damaged_tail_sync(session_id)
+            if current != tail:
+                raise SessionStorageError(
+                    f'refusing to discard the damaged tail of "{tail.path}": the log changed since it was examined',
+                    path=tail.path,
+                )
+            truncate_durable(tail.path, tail.start, tail.size)
+
+        await self._run_shielded(work, "discarding the damaged final batch")
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.

@@ -26,6 +26,7 @@ import zstandard
 from dsh.session_persistence.backend import (
     SessionEvent,
     SessionHeader,
+    SessionPersistenceCorruptionError,
     SessionPersistenceError,
     StorageLineError,
     decode_storage_lines,
@@ -56,6 +57,7 @@ from ._scan import HEADER_CAP, DecodedLog, TornTail
 __all__ = [
     "DECLARED_FORMAT_VERSION",
     "HEADER_CAP",
+    "BatchDamage",
     "BatchTooLargeError",
     "BufferSource",
     "FdSource",
@@ -71,6 +73,19 @@ DECLARED_FORMAT_VERSION = 1
 Checkpoint = Callable[[], None]
 _seq_of = operator.attrgetter("seq")
 _SCAN_CHUNK = 1 << 20
+
+
+class BatchDamage(SessionPersistenceCorruptionError):
+    """Damage in the batch whose declaration starts at ``offset`` (raised by :func:`walk_declared`).
+
+    ``declaration`` and ``end`` are known when the declaration itself verified (then only its data is damaged).
+    """
+
+    def __init__(self, message: str, offset: int, declaration: Declaration | None, end: int | None) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.declaration = declaration
+        self.end = end
 
 
 class BatchTooLargeError(SessionPersistenceError, ValueError):
@@ -257,6 +272,19 @@ def _read_header(
     return header, cut, end
 
 
+def _check_declaration(walk: _Walk, decl: Declaration, pos: int, expected: int) -> None:
+    if decl.count == 0 or decl.first_seq != expected:
+        raise walk.damage(
+            f"batch declaration at byte {pos} declares {decl.count} event(s) from seq {decl.first_seq}, "
+            f"expected a batch from seq {expected}"
+        )
+    if decl.length > walk.cap:
+        raise walk.damage(
+            f"batch at byte {pos} declares {decl.length} bytes, above max_batch_bytes={walk.cap} "
+            "(raise the backend's max_batch_bytes if this log is genuine)"
+        )
+
+
 def walk_declared(
     src: Source,
     compression: Compression,
@@ -273,7 +301,8 @@ def walk_declared(
 
     Batches that end before ``from_seq`` are skipped without reading their data (their declarations are still
     verified). ``header_only`` stops after the header pair; ``plaintexts`` collects the verified plaintext of the
-    header and of every batch read. Damage raises ``SessionPersistenceCorruptionError``.
+    header and of every batch read. Damage raises ``SessionPersistenceCorruptionError`` (:class:`BatchDamage`,
+    naming the damaged batch, past the header).
     """
     walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor())
     header, cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), refuse_versions, plaintexts)
@@ -290,31 +319,29 @@ def walk_declared(
         except DeclarationError as exc:
             if _rest_is_torn(src, pos, compression):
                 break
-            raise walk.damage(f"batch declaration at byte {pos}: {exc}") from exc
-        if decl.count == 0 or decl.first_seq != expected:
-            raise walk.damage(
-                f"batch declaration at byte {pos} declares {decl.count} event(s) from seq {decl.first_seq}, "
-                f"expected a batch from seq {expected}"
-            )
-        if decl.length > walk.cap:
-            raise walk.damage(
-                f"batch at byte {pos} declares {decl.length} bytes, above max_batch_bytes={walk.cap} "
-                "(raise the backend's max_batch_bytes if this log is genuine)"
-            )
+            damage = walk.damage(f"batch declaration at byte {pos}: {exc}")
+            raise BatchDamage(str(damage), pos, None, None) from exc
         end = data_start + decl.length
-        if end > src.size:
-            break  # the file ends inside the declared data: a write that never completed
-        expected = decl.first_seq + decl.count
-        if expected > from_seq:
-            data = src.read(data_start, end)
-            if data_crc(data) != decl.crc:
-                raise walk.damage(
-                    f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
-                )
-            plaintext = walk.plaintext(data, data_start)
-            events.extend(walk.events(plaintext, decl, pos))
-            if plaintexts is not None:
-                plaintexts.append(plaintext)
+        try:
+            _check_declaration(walk, decl, pos, expected)
+            if end > src.size:
+                break  # the file ends inside the declared data: a write that never completed
+            expected = decl.first_seq + decl.count
+            if expected > from_seq:
+                data = src.read(data_start, end)
+                if data_crc(data) != decl.crc:
+                    raise walk.damage(
+                        f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
+                    )
+                plaintext = walk.plaintext(data, data_start)
+                events.extend(walk.events(plaintext, decl, pos))
+                if plaintexts is not None:
+                    plaintexts.append(plaintext)
+        except BatchDamage:
+            raise
+        except SessionPersistenceCorruptionError as exc:
+            verified = decl if end <= src.size and decl.count else None
+            raise BatchDamage(str(exc), pos, verified, end if verified else None) from exc
         pos = end
         log.committed_end = pos
     if pos < src.size:

@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     repair = command("repair", "commit crash repair for one session (cold load)")
     repair.add_argument("id", help="session id")
     repair.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    repair.add_argument(
+        "--discard-damaged-tail",
+        action="store_true",
+        help="discard a damaged FINAL batch (printing what is lost first); damage elsewhere is never cut",
+    )
     command("export", "the decoded log as JSONL on stdout (what inspect returns)").add_argument("id", help="session id")
     command("stats", "counts, bytes and compression ratio")
     command("plugins", "loaded dsh.session plugins, their distributions and hooks")
