@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._controlled import ControlledMemoryBackend
+from ._crash_states import CrashStateReport, Recording, check_crash_states, record_session
+from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace
 from ._faults import FaultInjectingBackend, InjectedFault
 from ._hypothesis import use_noisy_machine_profile
 from ._logs import (
@@ -39,9 +41,11 @@ from ._scripted import (
     TextResponse,
     ToolCallResponse,
 )
+from ._shim import FaultRule, ShimUnavailableError, build_shim, fault_spec, find_c_compiler, shim_environment
 
 if TYPE_CHECKING:
     from ._conformance import BackendConformance
+    from ._crash_kit import CrashBackend, CrashStateConformance
 
 
 def __getattr__(name: str) -> object:
@@ -53,6 +57,10 @@ def __getattr__(name: str) -> object:
         from ._conformance import BackendConformance
 
         return BackendConformance
+    if name in ("CrashBackend", "CrashStateConformance"):
+        from . import _crash_kit
+
+        return getattr(_crash_kit, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -63,21 +71,37 @@ __all__ = [
     "BackendFactory",
     "ConformanceRig",
     "ControlledMemoryBackend",
+    "CrashBackend",
+    "CrashState",
+    "CrashStateConformance",
+    "CrashStateReport",
     "ErrorResponse",
     "FaultInjectingBackend",
+    "FaultRule",
     "HangResponse",
     "InjectedFault",
     "Opened",
+    "Recording",
     "ScriptedAdapter",
     "ScriptedResponse",
     "ScriptedTool",
+    "ShimUnavailableError",
     "TextResponse",
     "ToolCallResponse",
+    "TraceRecord",
     "assistant_message",
+    "build_shim",
+    "check_crash_states",
+    "crash_states",
     "event",
+    "fault_spec",
+    "find_c_compiler",
     "meta",
     "one_turn_log",
     "opaque",
+    "read_trace",
+    "record_session",
+    "shim_environment",
     "simple_turn",
     "step_end",
     "step_start",
