@@ -46,22 +46,30 @@ from ._shim import FaultRule, ShimUnavailableError, build_shim, fault_spec, find
 if TYPE_CHECKING:
     from ._conformance import BackendConformance
     from ._crash_kit import CrashBackend, CrashStateConformance
+    from ._primitive_kit import PrimitiveFaultConformance
+    from ._storage_kit import StorageContractConformance
+
+
+_KIT_MODULES = {
+    "BackendConformance": "_conformance",
+    "CrashBackend": "_crash_kit",
+    "CrashStateConformance": "_crash_kit",
+    "PrimitiveFaultConformance": "_primitive_kit",
+    "StorageContractConformance": "_storage_kit",
+}
 
 
 def __getattr__(name: str) -> object:
-    if name == "BackendConformance":
-        import pytest
+    module = _KIT_MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        # Plain asserts in the kit get pytest's detailed failure messages; must run before the module is imported.
-        pytest.register_assert_rewrite("dsh.session_persistence.testing._conformance")
-        from ._conformance import BackendConformance
+    import pytest
 
-        return BackendConformance
-    if name in ("CrashBackend", "CrashStateConformance"):
-        from . import _crash_kit
-
-        return getattr(_crash_kit, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # Plain asserts in the kit get pytest's detailed failure messages; must run before any kit module is imported.
+    pytest.register_assert_rewrite(*sorted({f"{__name__}.{m}" for m in _KIT_MODULES.values()}))
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 __all__ = [
@@ -81,11 +89,13 @@ __all__ = [
     "HangResponse",
     "InjectedFault",
     "Opened",
+    "PrimitiveFaultConformance",
     "Recording",
     "ScriptedAdapter",
     "ScriptedResponse",
     "ScriptedTool",
     "ShimUnavailableError",
+    "StorageContractConformance",
     "TextResponse",
     "ToolCallResponse",
     "TraceRecord",

@@ -13,7 +13,8 @@ a prefix of the write in flight that keeps every acknowledged batch), or be refu
 
 The factory is called as ``callable(root, **kwargs)`` in the child and in the checking process, so it must be
 importable by name (``sys_path`` adds directories). Needs Linux and a C compiler (skipped otherwise, with
-the reason). ``DSH_LONG=1`` checks every state and cuts every byte; the default checks a seeded sample.
+the reason). ``DSH_LONG=1`` checks every state and cuts every byte (the default checks a seeded sample), and
+also sweeps "this call and every later one fails" (a dead disk) over the first append.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pytest
 from ._crash_states import CrashStateReport, check_crash_states, record_session
 from ._shim import ShimUnavailableError, build_shim
 
-__all__ = ["CrashBackend", "CrashStateConformance"]
+__all__ = ["CrashBackend", "CrashStateConformance", "shim_or_skip"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,14 @@ class CrashBackend:
     async_backend: str = "asyncio"
 
 
+def shim_or_skip(tmp_path: Path) -> Path:
+    """Build the LD_PRELOAD shim into ``tmp_path``, or skip the test with the reason it cannot be built."""
+    try:
+        return build_shim(tmp_path / "shim")
+    except ShimUnavailableError as exc:
+        pytest.skip(str(exc))
+
+
 class CrashStateConformance:
     """Opt-in kit case: replayed crash states never lose an acknowledged batch (see the module docstring)."""
 
@@ -54,11 +63,12 @@ class CrashStateConformance:
         """Override: the backend factory the harness runs (the default skips the case)."""
         pytest.skip("no crash_backend fixture: the crash-state harness is opt-in for file-based backends")
 
+    @staticmethod
+    def _shim(tmp_path: Path) -> Path:
+        return shim_or_skip(tmp_path)
+
     def test_crash_states_keep_every_acknowledged_batch(self, crash_backend: CrashBackend, tmp_path: Path) -> None:
-        try:
-            shim = build_shim(tmp_path / "shim")
-        except ShimUnavailableError as exc:
-            pytest.skip(str(exc))
+        shim = self._shim(tmp_path)
         long = os.environ.get("DSH_LONG") == "1"
         recording = record_session(
             crash_backend.factory,

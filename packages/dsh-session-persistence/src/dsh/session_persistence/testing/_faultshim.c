@@ -16,6 +16,8 @@
  *                                          0 = every later one)
  *                      errno=EIO|ENOSPC|N  the error (default EIO)
  *                      after=1             perform the real call first, then fail ("it landed, the call failed")
+ *                      pause=PATH          do not fail: create PATH.paused, wait until PATH exists, then run the
+ *                                          call (a deterministic point inside a primitive for the caller to act)
  *                    A rule's counter restarts whenever the DSH_SHIM_FAULT text changes.
  *   DSH_SHIM_RECORD  path of a trace file: every write/pwrite/fsync/fdatasync/ftruncate/link/rename/unlink and
  *                    every creating or truncating open on a path under one of DSH_SHIM_RECORD_UNDER
@@ -58,6 +60,7 @@ struct rule {
     long count;
     int err;
     int after;
+    char pause[PATH_MAX];
     long seen;
 };
 
@@ -139,6 +142,8 @@ static void parse_rule(char *text, struct rule *rule) {
             rule->err = errno_of(value);
         } else if (strcmp(key, "after") == 0) {
             rule->after = atoi(value);
+        } else if (strcmp(key, "pause") == 0) {
+            snprintf(rule->pause, sizeof rule->pause, "%s", value);
         }
     }
 }
@@ -180,6 +185,16 @@ static void log_fault(const char *what, const char *path, int err, int after) {
     close(fd);
 }
 
+/* Announce the pause (PATH.paused), then wait for PATH to exist. Runs without the lock held. */
+static void pause_until(const char *release) {
+    RESOLVE(open);
+    char announce[PATH_MAX + 16];
+    snprintf(announce, sizeof announce, "%s.paused", release);
+    int fd = real_open(announce, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    while (access(release, F_OK) != 0) usleep(1000);
+}
+
 /* 0: run normally; otherwise the errno to fail with (*after set when the real call must run first). */
 static int planned_fault(unsigned op, const char *path, const char *what, int *after) {
     const char *spec = getenv("DSH_SHIM_FAULT");
@@ -192,19 +207,29 @@ static int planned_fault(unsigned op, const char *path, const char *what, int *a
         return 0;
     }
     int err = 0;
+    char release[PATH_MAX];
+    release[0] = '\0';
     pthread_mutex_lock(&lock);
     load_rules();
-    for (int i = 0; i < n_rules && !err; i++) {
+    for (int i = 0; i < n_rules && !err && !release[0]; i++) {
         struct rule *rule = &rules[i];
         if (!(rule->ops & op)) continue;
         if (rule->path[0] && !strstr(path, rule->path)) continue;
         rule->seen++;
         if (rule->seen >= rule->nth && (rule->count == 0 || rule->seen < rule->nth + rule->count)) {
-            err = rule->err;
-            *after = rule->after;
+            if (rule->pause[0]) {
+                snprintf(release, sizeof release, "%s", rule->pause);
+            } else {
+                err = rule->err;
+                *after = rule->after;
+            }
         }
     }
     pthread_mutex_unlock(&lock);
+    if (release[0]) {
+        pause_until(release);
+        return 0;
+    }
     if (err) log_fault(what, path, err, *after);
     return err;
 }

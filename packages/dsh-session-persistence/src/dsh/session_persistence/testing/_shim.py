@@ -33,6 +33,8 @@ class FaultRule:
 
     ``ops`` names the calls that count (``"dirfsync"`` is an fsync of a directory descriptor), ``path`` a
     substring the call's path must contain, ``after=True`` performs the real call before failing it.
+    ``pause`` (a path) fails nothing: the matching call announces itself by creating ``<pause>.paused``, then
+    waits until ``pause`` exists and runs normally (a deterministic point inside a primitive).
     """
 
     ops: tuple[str, ...]
@@ -41,6 +43,7 @@ class FaultRule:
     count: int = 1
     errno: str = "EIO"
     after: bool = False
+    pause: str = ""
 
     def __post_init__(self) -> None:
         unknown = set(self.ops) - OPS
@@ -48,7 +51,7 @@ class FaultRule:
             raise ValueError(f"unknown or missing shim ops {sorted(unknown)}; known: {sorted(OPS)}")
         if self.nth < 1 or self.count < 0:
             raise ValueError("nth must be >= 1 and count >= 0")
-        if any(c in self.path for c in ";|"):
+        if any(c in self.path + self.pause for c in ";|"):
             raise ValueError("a fault path may not contain ';' or '|'")
 
     def spec(self) -> str:
@@ -58,6 +61,8 @@ class FaultRule:
             parts.append(f"path={self.path}")
         if self.after:
             parts.append("after=1")
+        if self.pause:
+            parts.append(f"pause={self.pause}")
         return ";".join(parts)
 
 
