@@ -1,4 +1,5 @@
-"""Test support for dsh sessions: the backend conformance kit, scripted model adapters and tools, fault injection.
+"""Test support for dsh sessions: the backend conformance kit, scripted model adapters and tools, fault injection,
+log builders and a manually driven scheduler for the write-behind timers.
 
 Backend packages subclass :class:`BackendConformance` and override its ``backend_factory`` fixture (see that
 class for the optional hooks). Only :class:`BackendConformance` needs pytest (install the ``testing`` extra); it
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._scheduling import ManualScheduler, Scheduler
 from ._controlled import ControlledMemoryBackend
 from ._crash_states import CrashStateReport, Recording, check_crash_states, record_session
 from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace
@@ -88,11 +90,13 @@ __all__ = [
     "FaultRule",
     "HangResponse",
     "InjectedFault",
+    "ManualScheduler",
     "Opened",
     "PrimitiveFaultConformance",
     "Recording",
     "ScriptedAdapter",
     "ScriptedResponse",
+    "Scheduler",
     "ScriptedTool",
     "ShimUnavailableError",
     "StorageContractConformance",
