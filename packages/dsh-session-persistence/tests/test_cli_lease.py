@@ -13,9 +13,9 @@ import os
 import signal
 from pathlib import Path
 
-from dsh.session_persistence import event_to_builtins
 from dsh.session_persistence._cli import _main
 from dsh.session_persistence._cli._io import Io
+from dsh.session_persistence.backend import event_to_builtins
 from dsh.session_persistence.testing import step_start, turn_start
 from dsh.session_persistence.testing._writer_child import write_and_hold
 from dsh.session_persistence_jsonl import JsonlBackend

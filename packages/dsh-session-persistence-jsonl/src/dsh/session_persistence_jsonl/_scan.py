@@ -7,21 +7,36 @@ followed by any later valid line or frame, is committed-region corruption and ra
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zstandard
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._header import SessionHeader
+from dsh.session_persistence.backend import (
+    SessionEvent,
+    SessionHeader,
+    StorageLineError,
+    decode_storage_line,
+    decode_storage_lines,
+    first_seq_gap,
+)
 
+from ._bounded import DEFAULT_MAX_BATCH_BYTES
 from ._frames import FrameError, decode_frame, decode_partial, find_later_complete_frame, scan_frames
-from ._records import LineDefect, NotAHeaderError, corrupt, decode_frame_lines, decode_line, parse_header_line
+from ._records import NotAHeaderError, corrupt, parse_header_line
 
-__all__ = ["CommittedDamage", "DecodedLog", "LineScanner", "TornTail", "decode_raw_log", "decode_zstd_log"]
+__all__ = [
+    "HEADER_CAP",
+    "CommittedDamage",
+    "DecodedLog",
+    "LineScanner",
+    "TornTail",
+    "decode_raw_log",
+    "decode_zstd_log",
+]
 
 _RAW_FEED_CHUNK = 1 << 20
-_seq_of = operator.attrgetter("seq")
+#: A header is read by ``list`` for every session: one larger than this is damage, not a read.
+HEADER_CAP = 1 << 20
 _TORN_RECORD = "corrupt Zstandard session log: complete frame contains a torn JSONL record"
 
 
@@ -91,15 +106,17 @@ class LineScanner:
         """:meth:`feed` for a complete frame's plaintext, with every line decoded in one batch when it can be.
 
         The batch is taken only when nothing is pending (no defect, no fragment), the frame ends on LF, every line
-        decodes (:func:`decode_frame_lines`) and the seqs continue contiguously: exactly the case in which
+        decodes (:func:`decode_storage_lines`) and the seqs continue contiguously: exactly the case in which
         :meth:`_take` would accept each line in turn, so the same bookkeeping is applied at once. Anything else is
         fed line by line from the start of the frame.
         """
         if self.defect is None and not self._fragment:
-            events = decode_frame_lines(plaintext)
-            if events is not None:
-                expected = len(self.events)
-                if list(map(_seq_of, events)) == list(range(expected, expected + len(events))):
+            try:
+                events = decode_storage_lines(plaintext)
+            except StorageLineError:
+                pass
+            else:
+                if first_seq_gap(events, len(self.events)) is None:
                     self.events.extend(events)
                     self._line_no += plaintext.count(b"\n")
                     self.fed += len(plaintext)
@@ -117,37 +134,30 @@ class LineScanner:
             return
         expected = len(self.events)
         try:
-            events = decode_line(line)
-        except LineDefect as exc:
+            events = decode_storage_line(line)
+        except StorageLineError as exc:
             self.defect = f"corrupt session log: unparsable committed event at line {self._line_no}: {exc}"
             self.defect_cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
         else:
-            # Contiguous seqs (the usual case) are confirmed in one C-level comparison; the loop names the gap.
-            if list(map(_seq_of, events)) == list(range(expected, expected + len(events))):
+            gap = first_seq_gap(events, expected)
+            if gap is None:
                 self.events.extend(events)
                 self.committed = self.fed + size
-                self.fed += size
-                return
-            for i, event in enumerate(events):
-                if event.seq != expected + i:
-                    self.defect = (
-                        f"corrupt session log: seq gap in committed region at line {self._line_no} "
-                        f"(expected {expected + i}, got {event.seq})"
-                    )
-                    # A row that closes a turn was committed as a whole: its gap cannot be a torn tail.
-                    if self.strict and any(e.type == "turn/end" for e in events):
-                        raise CommittedDamage(self.defect)
-                    break
             else:
-                self.events.extend(events)
-                self.committed = self.fed + size
+                self.defect = (
+                    f"corrupt session log: seq gap in committed region at line {self._line_no} "
+                    f"(expected {expected + gap}, got {events[gap].seq})"
+                )
+                # A row that closes a turn was committed as a whole: its gap cannot be a torn tail.
+                if self.strict and any(e.type == "turn/end" for e in events):
+                    raise CommittedDamage(self.defect)
         self.fed += size
 
 
 def _decodes(line: bytes) -> bool:
     try:
-        decode_line(line)
-    except LineDefect:
+        decode_storage_line(line)
+    except StorageLineError:
         return False
     return True
 
@@ -182,14 +192,18 @@ def decode_raw_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None 
 
 
 def _feed_complete_frames(
-    view: memoryview, frames: list[tuple[int, int]], scanner: LineScanner, checkpoint: Callable[[], None] | None
+    view: memoryview,
+    frames: list[tuple[int, int]],
+    scanner: LineScanner,
+    checkpoint: Callable[[], None] | None,
+    cap: int,
 ) -> None:
     """Complete frames are all-or-nothing: each must decode, end on LF and hold no defect."""
     decompressor = zstandard.ZstdDecompressor()
     for start, stop in frames:
         if checkpoint is not None:
             checkpoint()
-        plaintext = decode_frame(view[start:stop], start, decompressor)
+        plaintext = decode_frame(view[start:stop], start, decompressor, cap)
         scanner.feed_frame(plaintext)
         if scanner.has_fragment or not plaintext:
             raise CommittedDamage(_TORN_RECORD)
@@ -197,7 +211,9 @@ def _feed_complete_frames(
         raise CommittedDamage(f"{_TORN_RECORD} ({scanner.defect})") from scanner.defect_cause
 
 
-def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None = None) -> DecodedLog:
+def decode_zstd_log(
+    buf: bytes, path: str, checkpoint: Callable[[], None] | None = None, cap: int = DEFAULT_MAX_BATCH_BYTES
+) -> DecodedLog:
     """Decode a ``compression="zstd"`` transcript: complete frames all-or-nothing, then the torn last frame."""
     view = memoryview(buf)
     try:
@@ -206,7 +222,7 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
         raise corrupt(str(exc), path) from exc
     torn_start = scan.torn_start
     if torn_start is not None:
-        later = find_later_complete_frame(view, torn_start)
+        later = find_later_complete_frame(view, torn_start, cap)
         if later is not None:
             raise corrupt(
                 f"corrupt Zstandard session log: apparent torn frame at byte {torn_start} "
@@ -216,7 +232,7 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
     if not scan.frames:
         raise corrupt("corrupt Zstandard session log: empty or header-less Zstandard session log", path)
     try:
-        first = decode_frame(view[scan.frames[0][0] : scan.frames[0][1]], 0)
+        first = decode_frame(view[scan.frames[0][0] : scan.frames[0][1]], 0, cap=min(cap, HEADER_CAP))
     except FrameError as exc:
         raise corrupt(str(exc), path) from exc
     if not first.endswith(b"\n") or first.count(b"\n") != 1:
@@ -224,7 +240,7 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
     header, cut = _split_header(path, first[:-1])
     scanner = LineScanner(strict=True)
     try:
-        _feed_complete_frames(view, scan.frames[1:], scanner, checkpoint)
+        _feed_complete_frames(view, scan.frames[1:], scanner, checkpoint, cap)
     except (FrameError, CommittedDamage) as exc:
         raise corrupt(str(exc), path) from (exc.__cause__ or exc)
     committed_end = scan.frames[-1][1]
@@ -232,6 +248,6 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
     if torn_start is not None:
         count = len(scanner.events)
         scanner.strict = False
-        scanner.feed(decode_partial(view[torn_start:]))
+        scanner.feed(decode_partial(view[torn_start:], cap))
         torn = TornTail(truncate_to=torn_start, recovered_events=scanner.events[count:], expected_size=len(buf))
     return DecodedLog(header, cut, scanner.events, torn, len(buf), committed_end, scan.frames)
