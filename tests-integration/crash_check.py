@@ -171,7 +171,7 @@ async def verify(root: Path, *, resume: bool = True, check_effects: bool = True)
     host = Host()
     host.load_entrypoints()
     store = SessionStore(host)
-    backend_cls: Any = host.backends()["jsonl"]
+    backend_cls: Any = host.dsh_session_backends()["jsonl"]
     backend = backend_cls(root / "sessions", compression="none")
     async with PersistenceCoordinator(host, backend) as coordinator:
         stored = await backend.load_stored(SESSION_ID)

@@ -129,7 +129,7 @@ async def run(args: argparse.Namespace) -> None:
     if args.no_policy:
         host.unregister(name=POLICY_PLUGIN)
     store = AckingStore(host, root / "acks")
-    backend_cls: Any = host.backends()["jsonl"]
+    backend_cls: Any = host.dsh_session_backends()["jsonl"]
     backend = backend_cls(root / "sessions", compression="none")
     rng = random.Random(args.seed)
 

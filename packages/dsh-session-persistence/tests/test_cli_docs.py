@@ -67,7 +67,7 @@ def test_docs_example_backend_is_discoverable() -> None:
     module = load_example_backend()
     host = Host()
     host.register(module, name="example-file")
-    assert host.backends()["example-file"] is module.FileBackend
+    assert host.dsh_session_backends()["example-file"] is module.FileBackend
 
 
 def test_readme_commands_exist() -> None:

@@ -45,3 +45,14 @@ def test_the_ban_is_lifted_only_inside_the_core_distribution() -> None:
     assert re.search(r'^select = \[[^\]]*"TID251"', text, re.MULTILINE)
     ignores = re.findall(r'^"([^"]+)" = \[[^\]]*"TID251"', text, re.MULTILINE)
     assert ignores == ["packages/dsh-session-persistence/**"]
+
+
+def test_nothing_outside_the_host_calls_its_hooks_directly() -> None:
+    offenders = []
+    for path in sorted((REPO / "packages").glob("*/src/**/*.py")):
+        if path.name == "_host.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"\bhost\.hook\.|\bself\.hook\.", line):
+                offenders.append(f"{path.relative_to(REPO)}:{number}")
+    assert not offenders, f"call the Host's method named after the hook instead: {offenders}"

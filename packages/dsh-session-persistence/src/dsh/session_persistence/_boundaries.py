@@ -32,6 +32,7 @@ from ._repair import (
 
 if TYPE_CHECKING:
     from ._events import Message
+    from .hookspecs import Agent
 
 __all__ = [
     "CancelSignal",
@@ -235,7 +236,7 @@ class ToolExecution:
     name: str
     arguments: Any
     signal: CancelSignal
-    agent: object | None = None
+    agent: Agent | None = None
     parent: object | None = None
     turn: int | None = None
     step: int | None = None
