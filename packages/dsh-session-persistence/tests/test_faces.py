@@ -67,6 +67,16 @@ def test_nothing_outside_the_host_calls_its_hooks_directly() -> None:
     assert not offenders, f"call the Host's method named after the hook instead: {offenders}"
 
 
+def test_documentation_examples_use_public_faces_only() -> None:
+    offenders = []
+    for path in sorted([*REPO.glob("docs/*.md"), *REPO.glob("README*.md"), *REPO.glob("packages/*/README*.md")]):
+        for block in re.findall(r"^```python\n(.*?)^```$", path.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL):
+            offenders += [
+                f"{path.relative_to(REPO)}: {m}" for m in re.findall(r"dsh\.session_persistence\._\w+", block)
+            ]
+    assert not offenders
+
+
 BAN_HEADER = "[tool.ruff.lint.flake8-tidy-imports.banned-api]"
 BAN_MESSAGE = (
     "private to dsh-session-persistence: import from a public face "
