@@ -28,7 +28,7 @@ from dsh.session_persistence._errors import (
     SessionStorageError,
     UnsupportedOperationError,
 )
-from dsh.session_persistence._events import event_to_builtins, event_types
+from dsh.session_persistence._event_codec import event_to_builtins, event_types
 from dsh.session_persistence._header import SessionHeader
 from dsh.session_persistence._host import Host
 from dsh.session_persistence._memory import MemoryBackend, MemoryStore

@@ -21,6 +21,7 @@ from ._errors import (
     SessionAlreadyExistsError,
     SessionLifecycleError,
 )
+from ._event_codec import build_event, decode_event, event_to_builtins
 from ._events import (
     AssistantMessage,
     EndSeed,
@@ -31,9 +32,6 @@ from ._events import (
     SessionEvent,
     ToolResult,
     UserMessage,
-    build_event,
-    decode_event,
-    event_to_builtins,
 )
 from ._fork import SessionForkError, fork_seed
 from ._gather import gather_settled

@@ -6,7 +6,8 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from .._events import InterruptedReason, encode_event
+from .._event_codec import encode_event
+from .._events import InterruptedReason
 from .._host import Host
 from ._context import Stack
 from ._errors import EXIT_DAMAGED, EXIT_OK, CliError

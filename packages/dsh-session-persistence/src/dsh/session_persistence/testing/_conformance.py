@@ -51,6 +51,7 @@ from .._errors import (
     SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
+from .._event_codec import event_types
 from .._events import (
     EndSeed,
     InterruptedReason,
@@ -64,7 +65,6 @@ from .._events import (
     TurnEnd,
     UserMessage,
     UserSource,
-    event_types,
 )
 from .._header import SESSION_FORMAT_VERSION, SessionHeader, header_to_builtins
 from .._host import Host
