@@ -18,16 +18,12 @@ from dsh.session_persistence.backend import (
     event_to_builtins,
     expand_chunk_row,
 )
+from dsh.session_persistence.testing import turn_end, turn_start
 
 
-def ev(seq: int, etype: str = "turn/start", **data: Any) -> bytes:
-    payload: dict[str, Any] = {"turn": 0}
-    if etype == "turn/end":
-        payload["reason"] = {"kind": "completed"}
-    if etype in ("step/start", "step/end"):
-        payload["step"] = 0
-    payload.update(data)
-    return json.dumps({"type": etype, "seq": seq, "time": 1000 + seq, "data": payload}, separators=(",", ":")).encode()
+def ev(seq: int, etype: str = "turn/start") -> bytes:
+    """One valid event line (no LF): a ``turn/start`` or ``turn/end`` of turn 1."""
+    return encode_event(turn_end(seq) if etype == "turn/end" else turn_start(seq))
 
 
 def streamed_log(turns: int) -> list[SessionEvent]:
