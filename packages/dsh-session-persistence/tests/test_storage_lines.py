@@ -11,9 +11,11 @@ from dsh.session_persistence._storage_lines import _batch
 from dsh.session_persistence.backend import (
     SeqMismatchError,
     SessionEvent,
+    SessionFormatUnsupportedError,
     StorageLineError,
     StorageMetadata,
     check_contiguous,
+    check_format_version,
     decode_event,
     decode_storage_line,
     decode_storage_lines,
@@ -324,3 +326,13 @@ async def test_memory_backend_refuses_a_gapped_batch_itself(anyio_backend: objec
     await backend.append_batch(storage, [turn_start(0)], False)
     with pytest.raises(SeqMismatchError, match="expected 1 at index 0, got 2"):
         await backend.append_batch(storage, [turn_end(2)], True)
+
+
+def test_format_refusal_names_a_damaged_id_as_json() -> None:
+    # A header read raw may carry any JSON id: it is shown as JSON (null, true), the way it is stored.
+    with pytest.raises(SessionFormatUnsupportedError, match=r'session "null" uses log format v99, but this harness'):
+        check_format_version(None, 99, "/p")
+    with pytest.raises(SessionFormatUnsupportedError, match=r'session "true" uses log format v-1, older than'):
+        check_format_version(True, -1.0)
+    check_format_version("s", 0)  # the current version passes
+    check_format_version("s", "0")  # not a number: left to header validation
