@@ -60,6 +60,7 @@ from ._event_codec import (
 from ._events import EVENT_TYPES, SessionEvent
 from ._format import check_format_version, refuse_unknown_events
 from ._header import (
+    READABLE_FORMAT_VERSIONS,
     SESSION_FORMAT_VERSION,
     SessionHeader,
     header_from_builtins,
@@ -77,6 +78,7 @@ __all__ = [
     "IncompleteInheritedPrefixError",
     "MAX_SAFE_INTEGER",
     "RawArtifact",
+    "READABLE_FORMAT_VERSIONS",
     "SESSION_FORMAT_VERSION",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
