@@ -1,6 +1,6 @@
 """The checkpoint policy: three new-style wrappers that flush the live session at semantic boundaries.
 
-Each boundary hook returns an *inert* async object (spec/policy.md §4.2); the wrappers below only wrap that object
+Each boundary hook returns an *inert* async object; the wrappers below only wrap that object
 in the synchronous part around ``yield`` (look-ups, no effects) and do the flush inside the object they return:
 
 * ``llm_stream``: an async generator that flushes before its first pull of the inner stream;
@@ -155,7 +155,7 @@ async def _pre_step_after_checkpoint(
 
 
 class CheckpointPolicy:
-    """Semantic durability checkpoints for a persisted agent (spec/policy.md §2).
+    """Semantic durability checkpoints for a persisted agent.
 
     Register one instance beside a persistence backend (or let ``Host.load_entrypoints()`` register the
     ``session-checkpoint-policy`` entry point, which is the same thing; do not do both)::
