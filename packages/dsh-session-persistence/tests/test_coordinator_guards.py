@@ -24,7 +24,8 @@ from dsh.session_persistence._errors import (
     SessionPersistenceCorruptionError,
     SessionStorageError,
 )
-from dsh.session_persistence._events import SessionEvent, encode_event
+from dsh.session_persistence._event_codec import encode_event
+from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._host import Host
 from dsh.session_persistence._memory import MemoryBackend, MemoryStore
 from dsh.session_persistence._session import SessionStore

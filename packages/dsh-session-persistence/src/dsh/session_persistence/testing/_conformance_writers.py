@@ -36,7 +36,8 @@ from .._errors import (
     SessionPersistenceError,
     SessionWriteInDoubtError,
 )
-from .._events import SessionEvent, event_to_builtins
+from .._event_codec import event_to_builtins
+from .._events import SessionEvent
 from .._header import header_to_builtins
 from .._session import Session
 from ._faults import FaultInjectingBackend

@@ -17,7 +17,7 @@ import anyio
 from .._backend import SessionBackend, StorageMetadata
 from .._coordinator import PersistenceCoordinator
 from .._errors import SessionLockedError
-from .._events import decode_event
+from .._event_codec import decode_event
 from .._header import SESSION_FORMAT_VERSION, SessionHeader
 from .._host import Host
 from ._logs import one_turn_log
