@@ -4,7 +4,9 @@
 second writer is refused whether it is another process or another backend instance in this one, and the
 kernel drops the lock when the holder closes it or dies (SIGKILL included): there is never a stale lock to
 clean up. The holder writes its pid and host name into the file so that a refused writer can name it; that
-text is informative only (the lock, not the text, decides).
+text is informative only (the lock, not the text, decides). Taking the lease and writing (or reading) that text
+happen under a short exclusive ``flock`` of the session directory itself, so a refused writer never reads the
+file in the instant between the winner's lock and its write.
 
 Blocking code for a worker thread.
 """
@@ -30,6 +32,7 @@ _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _HOLDER_MAX = 4096
 
 
@@ -109,36 +112,46 @@ def acquire_lease(root: str, session_dir: str, session_id: str) -> JsonlWriterLe
     path = os.path.join(session_dir, LOCK_FILENAME)
     try:
         _ensure_dirs(root, session_dir)
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = read_holder(fd)
-                os.close(fd)
-                raise SessionLockedError(session_id, holder) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            # The locked inode must still be the one at the path (a removed session directory would
-            # otherwise leave two writers locking two different files).
-            try:
-                current = os.stat(path, follow_symlinks=False)
-                mine = os.fstat(fd)
-            except FileNotFoundError:
-                os.close(fd)
-                continue
-            if (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
-                os.close(fd)
-                continue
-            host = socket.gethostname()
-            pid = os.getpid()
-            try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps({"pid": pid, "host": host}).encode(), 0)
-            except BaseException:
-                os.close(fd)
-                raise
-            return JsonlWriterLease(fd, path, _describe({"pid": pid, "host": host}) or f"pid {pid}")
+        guard = os.open(session_dir, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC | _O_NOFOLLOW)
+        try:
+            # Held for a few system calls only (never while waiting for the other writer).
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            return _acquire_locked(path, session_id)
+        finally:
+            os.close(guard)  # releases the guard
     except OSError as exc:
         raise SessionStorageError.from_os_error("taking the writer lease", exc, path) from exc
+
+
+def _acquire_locked(path: str, session_id: str) -> JsonlWriterLease:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = read_holder(fd)
+            os.close(fd)
+            raise SessionLockedError(session_id, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # The locked inode must still be the one at the path (a removed session directory would
+        # otherwise leave two writers locking two different files).
+        try:
+            current = os.stat(path, follow_symlinks=False)
+            mine = os.fstat(fd)
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        if (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+            os.close(fd)
+            continue
+        host = socket.gethostname()
+        pid = os.getpid()
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"pid": pid, "host": host}).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return JsonlWriterLease(fd, path, _describe({"pid": pid, "host": host}) or f"pid {pid}")
