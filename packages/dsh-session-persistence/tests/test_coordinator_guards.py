@@ -314,3 +314,32 @@ async def test_retrying_a_batch_the_read_back_acknowledged_is_acknowledged_not_r
         with pytest.raises(SeqMismatchError):
             await persistence.append("s", simple_turn(0, 1, "different"))
     assert shared.events("s") == one_turn_log()
+
+
+async def test_an_explicit_refusal_is_passed_on_without_a_read_back() -> None:
+    """A primitive that refuses before writing (here ``SeqMismatchError``) is not in doubt: its error reaches the
+    caller unchanged and nothing is read back."""
+
+    class Refusing(MemoryBackend):
+        reads = 0
+
+        async def load_stored(self, session_id: str) -> Any:
+            self.reads += 1
+            return await super().load_stored(session_id)
+
+        async def append_batch(
+            self, storage: StorageMetadata, events: Sequence[SessionEvent], is_materialized: bool
+        ) -> None:
+            if is_materialized:
+                raise SeqMismatchError("refused by the backend before writing")
+            await super().append_batch(storage, events, is_materialized)
+
+    backend = Refusing()
+    persistence, _ = coordinator(backend)
+    async with persistence:
+        await persistence.create(meta("s", WORK))
+        await persistence.append("s", one_turn_log())
+        reads = backend.reads
+        with pytest.raises(SeqMismatchError, match="refused by the backend before writing"):
+            await persistence.append("s", simple_turn(6, 2))
+        assert backend.reads == reads

@@ -129,6 +129,23 @@ class WriterConformance:
             await c.persistence.append("duo", simple_turn(9, 3))
         assert await conformance.stored_events("duo") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)
 
+    async def test_lease_is_released_when_the_session_is_disposed(self, conformance: ConformanceRig) -> None:
+        """Disposing a live Session gives its lease back at once, while its coordinator keeps running."""
+        async with conformance.open() as a:
+            self._require_lease(a.backend)
+            session = a.store.create("handover", meta=meta("handover"))
+            _append_live(session, one_turn_log())
+            await a.store.flush(session)
+            async with conformance.open() as b:
+                with pytest.raises(SessionLockedError):
+                    await b.persistence.append("handover", simple_turn(6, 2))
+                a.store.dispose(session)
+                with anyio.fail_after(CHILD_LIMIT):  # a safety net, never a timing assertion
+                    while a.persistence._retirements:
+                        await anyio.lowlevel.checkpoint()
+                await b.persistence.append("handover", simple_turn(6, 2))
+        assert await conformance.stored_events("handover") == one_turn_log() + simple_turn(6, 2)
+
     async def test_lease_two_processes_race(
         self, conformance: ConformanceRig, process_backend_factory: Callable[[], SessionBackend] | None
     ) -> None:
