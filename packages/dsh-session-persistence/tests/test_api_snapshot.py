@@ -61,11 +61,17 @@ def _protocol_members(cls: type) -> str:
 
 
 def _methods(cls: type) -> list[str]:
-    """The public methods and properties a core class defines itself (inherited ones belong to their own class)."""
+    """The public methods and properties a core class defines itself (inherited ones belong to their own class),
+    plus those of its private base classes (named ``_...``, e.g. the conformance kit's groups of cases), which
+    belong to no face of their own."""
     if not cls.__module__.startswith("dsh."):
         return []
+    own: dict[str, object] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is cls or (klass.__name__.startswith("_") and klass.__module__.startswith("dsh.")):
+            own.update(vars(klass))
     out: list[str] = []
-    for member, value in sorted(vars(cls).items()):
+    for member, value in sorted(own.items()):
         if member.startswith("_"):
             continue
         if isinstance(value, property):

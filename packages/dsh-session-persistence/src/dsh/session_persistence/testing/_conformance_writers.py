@@ -45,7 +45,7 @@ from ._logs import meta, one_turn_log, simple_turn, step_end, step_start, turn_e
 from ._rig import ConformanceRig
 from ._writer_child import churn_materializations, write_and_hold
 
-__all__ = ["WriterConformance"]
+__all__ = ["_WriterCases"]
 
 #: A bound on waits for a child process, never a timing assertion.
 CHILD_LIMIT = 120
@@ -74,7 +74,7 @@ def _reap(processes: Sequence[Any]) -> None:
         process.join(CHILD_LIMIT)
 
 
-class WriterConformance:
+class _WriterCases:
     """One writer per session, in-doubt writes, storage-level contracts (see the module doc)."""
 
     #: Whether ``SessionLockedError.holder`` names the holding process as ``"pid <n>..."`` (a file lock does;
