@@ -19,8 +19,8 @@ import anyio
 import msgspec
 
 from ._backend import SessionSnapshot, StorageMetadata, StoredPrefix, StoredSuffix
+from ._contiguity import check_contiguous
 from ._errors import (
-    SeqMismatchError,
     SessionAlreadyExistsError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
@@ -138,14 +138,6 @@ def _header(obj: dict[str, Any]) -> SessionHeader:
     return msgspec.convert(obj, SessionHeader)
 
 
-def _check_contiguous(session_id: str, start: int, events: Sequence[SessionEvent]) -> None:
-    for index, event in enumerate(events):
-        if event.seq != start + index:
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {start + index} at index {index}, got {event.seq}'
-            )
-
-
 class MemoryBackend:
     """Backend keeping sessions in a :class:`MemoryStore` (pass ``store=`` to share one across instances).
 
@@ -218,7 +210,7 @@ class MemoryBackend:
         if not is_materialized:
             if entry is not None:
                 raise SessionAlreadyExistsError(f'session "{session_id}" already has a persisted log')
-            _check_contiguous(session_id, 0, events)
+            check_contiguous(session_id, 0, events)
             if len(events) < storage.inherited_event_count:
                 raise ValueError(f'session "{session_id}" cannot materialize before its inherited prefix is complete')
             self.store._entries[session_id] = _Entry(
@@ -233,7 +225,7 @@ class MemoryBackend:
         if entry.torn is not None:
             # Appending after a torn fragment would bury it mid-log; the coordinator repairs before appending.
             raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail')
-        _check_contiguous(session_id, len(entry.lines), events)
+        check_contiguous(session_id, len(entry.lines), events)
         entry.lines.extend(lines)
         self.store._bump(entry)
 
@@ -252,7 +244,7 @@ class MemoryBackend:
             entry.torn = None
         if entry.torn is not None and closers:
             raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail')
-        _check_contiguous(session_id, len(entry.lines), closers)
+        check_contiguous(session_id, len(entry.lines), closers)
         entry.lines.extend(encode_event(e) for e in closers)
         self.store._bump(entry)
 
@@ -274,7 +266,7 @@ class MemoryBackend:
         await anyio.lowlevel.checkpoint()
         session_id = storage.meta.id
         entry = self.store._require(session_id)
-        _check_contiguous(session_id, 0, events)
+        check_contiguous(session_id, 0, events)
         entry.lines = [encode_event(e) for e in events]
         entry.torn = None
         self.store._bump(entry)
