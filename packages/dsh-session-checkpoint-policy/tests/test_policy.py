@@ -62,7 +62,6 @@ from dsh.session_persistence import (
     PreStepInput,
     Session,
     SessionStore,
-    StreamChunk,
     ToolExecution,
     ToolExecutionResult,
     aborted_before_dispatch_result,
@@ -70,7 +69,7 @@ from dsh.session_persistence import (
     hookimpl,
 )
 from dsh.session_persistence.backend import event_to_builtins
-from dsh.session_persistence.events import FinishChunk, FinishReason, TextDeltaChunk
+from dsh.session_persistence.events import FinishChunk, FinishReason, StreamChunk, TextDeltaChunk
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 import pytest
 import zstandard
-from dsh.session_persistence import interrupted_turn_closers
 from dsh.session_persistence.backend import (
     SessionAlreadyExistsError,
     SessionBackend,
@@ -25,6 +24,7 @@ from dsh.session_persistence.backend import (
     SessionPersistenceCorruptionError,
     StorageMetadata,
 )
+from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend, SessionLogExistsError, TornTail
 from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame, scan_frames
 from dsh.session_persistence_jsonl._fs import fsync_dir

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from dsh.session_persistence import interrupted_turn_closers
 from dsh.session_persistence.backend import SessionPersistenceError, decode_storage_line, encode_storage_lines
+from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._frames import scan_frames
 
