@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +121,18 @@ async def test_golden_log_loads_as_the_release_read_it(
         assert _view(reread, stored)["events"] == expected["load"]["events"]
         assert _view(await persistence.load(session_id), stored) == expected["load"]
     assert path.read_bytes() == after, "a second load wrote again"
+
+
+@pytest.mark.parametrize(("release", "compression", "session_id", "expected"), CASES)
+def test_dsh_sessions_verify_judges_the_golden_log_without_writing(
+    release: Path, compression: str, session_id: str, expected: dict[str, Any], tmp_path: Path
+) -> None:
+    """`dsh-sessions verify ID`: exit 0 for what loads (torn and interrupted are recoverable), 1 for damage."""
+    root = _copy_root(release, compression, tmp_path)
+    path = root.parent / expected["file"]
+    original = path.read_bytes()
+    cli = Path(sys.executable).with_name("dsh-sessions")
+    command = [str(cli), "--root", str(root), "-o", f"compression={compression}", "verify", session_id]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL)
+    assert done.returncode == (1 if "error" in expected else 0), done.stdout + done.stderr
+    assert path.read_bytes() == original, "verify wrote"
