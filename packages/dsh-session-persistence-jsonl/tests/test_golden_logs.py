@@ -20,7 +20,12 @@ from typing import Any
 import dsh.session_persistence.backend as backend_face
 import pytest
 from dsh.session_persistence import Host, PersistenceCoordinator
-from dsh.session_persistence.backend import SessionPersistenceError, event_to_builtins, header_to_builtins
+from dsh.session_persistence.backend import (
+    SESSION_FORMAT_VERSION,
+    SessionPersistenceError,
+    event_to_builtins,
+    header_to_builtins,
+)
 from dsh.session_persistence_jsonl import JsonlBackend
 
 pytestmark = pytest.mark.anyio
@@ -105,21 +110,38 @@ async def test_golden_log_loads_as_the_release_read_it(
         return
 
     stored = expected["stored_events"]
+    # A load that must repair is this build's first write to the log: it upgrades a v0 file to log format v1
+    # (one atomic replacement; the events are the same, the header says version 1). A load with nothing to
+    # repair leaves the file untouched, whatever its version.
+    writes = len(expected["load"]["events"]) != stored or expected["bytes_kept"] < len(original)
+    upgraded = writes and expected["load"]["header"]["version"] < SESSION_FORMAT_VERSION
+
+    def as_written(view: dict[str, Any]) -> dict[str, Any]:
+        if not upgraded:
+            return view
+        return {**view, "header": {**view["header"], "version": SESSION_FORMAT_VERSION}}
+
     async with PersistenceCoordinator(Host(), JsonlBackend(root, compression=compression)) as persistence:
         assert len((await persistence.read_from(session_id, 0)).events) == stored
         assert _view(await persistence.inspect(session_id), stored) == expected["inspect"]
         assert path.read_bytes() == original, "inspect wrote"
-        assert _view(await persistence.load(session_id), stored) == expected["load"]
-    if len(expected["load"]["events"]) == stored:  # nothing to repair, nothing torn: load writes nothing
-        assert path.read_bytes() == original, "load of a clean log wrote"
+        assert _view(await persistence.load(session_id), stored) == as_written(expected["load"])
+
     after = path.read_bytes()
+    kept = expected["bytes_kept"]
+    if not writes:  # nothing to repair: the file is untouched
+        assert after == original, "load of a clean log wrote"
+    elif upgraded:
+        assert after.startswith(b"\x5d\x2a\x4d\x18" if compression == "zstd" else b'{"type":"dsh.batch"')
+    else:
+        assert after[:kept] == original[:kept], "load rewrote committed bytes"
 
     # A restarted process finds exactly what the release's load left: the committed prefix unchanged (time
     # included), the repair closers durable, the torn fragment gone (appending after it would read as damage).
     async with PersistenceCoordinator(Host(), JsonlBackend(root, compression=compression)) as persistence:
         reread = await persistence.read_from(session_id, 0)
         assert _view(reread, stored)["events"] == expected["load"]["events"]
-        assert _view(await persistence.load(session_id), stored) == expected["load"]
+        assert _view(await persistence.load(session_id), stored) == as_written(expected["load"])
     assert path.read_bytes() == after, "a second load wrote again"
 
 

@@ -356,7 +356,7 @@ async def test_49_to_51_format_refusals_are_not_wrapped() -> None:
         r.backend.store.put("ign", meta("ign", WORK), [*one_turn_log(), opaque(6, "plugin/test", None, ignorable=True)])
         with pytest.raises(SessionFormatUnsupportedError, match=r"written by a newer harness.*upgrade the harness"):
             await r.persistence.load("new")
-        with pytest.raises(SessionFormatUnsupportedError, match=r"older than the supported v0.*no upgrade path"):
+        with pytest.raises(SessionFormatUnsupportedError, match=r"older than the supported v1.*no upgrade path"):
             await r.persistence.inspect("old")
         with pytest.raises(SessionFormatUnsupportedError, match=r'event type "future/event".*not marked ignorable'):
             await r.persistence.load("fut")

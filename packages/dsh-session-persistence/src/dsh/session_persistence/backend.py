@@ -61,6 +61,7 @@ from ._events import (
 )
 from ._format import check_format_version, refuse_unknown_events
 from ._header import (
+    READABLE_FORMAT_VERSIONS,
     SESSION_FORMAT_VERSION,
     SessionHeader,
     header_from_builtins,
@@ -78,6 +79,7 @@ __all__ = [
     "IncompleteInheritedPrefixError",
     "MAX_SAFE_INTEGER",
     "RawArtifact",
+    "READABLE_FORMAT_VERSIONS",
     "SESSION_FORMAT_VERSION",
     "SeqMismatchError",
     "SessionAlreadyExistsError",

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._backend import SessionBackend
 from .._coordinator import PersistenceCoordinator
+from .._errors import SessionStorageError
 from .._host import Host
 from ._errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 
@@ -118,6 +119,10 @@ def build_backend(name: str, cls: type[object], root: str, options: Mapping[str,
         raise CliError(
             f'cannot configure backend "{name}": {exc} (pass options with -o KEY=VALUE)', EXIT_USAGE
         ) from exc
+    except SessionStorageError as exc:
+        cause = exc.__cause__
+        message = storage_message(cause, root) if isinstance(cause, OSError) else str(exc)
+        raise CliError(message, EXIT_UNAVAILABLE) from exc
     except ValueError as exc:
         raise CliError(f'cannot configure backend "{name}": {exc}', EXIT_USAGE) from exc
     except OSError as exc:

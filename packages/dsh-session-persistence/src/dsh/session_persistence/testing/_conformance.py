@@ -533,7 +533,9 @@ class BackendConformance:
         """§7.B 50: a header version below ours is refused: no upgrade path."""
         await conformance.plant(meta("v-1", version=-1), one_turn_log())
         async with conformance.open() as p:
-            with pytest.raises(SessionFormatUnsupportedError, match="older than the supported v0") as info:
+            with pytest.raises(
+                SessionFormatUnsupportedError, match=f"older than the supported v{SESSION_FORMAT_VERSION}"
+            ) as info:
                 await p.persistence.load("v-1")
         assert "no upgrade path" in str(info.value)
 
