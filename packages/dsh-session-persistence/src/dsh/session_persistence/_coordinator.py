@@ -44,7 +44,8 @@ from ._errors import (
     SessionPersistenceError,
     UnsupportedOperationError,
 )
-from ._events import SessionEvent, decode_event, event_to_builtins
+from ._event_codec import decode_event, event_to_builtins
+from ._events import SessionEvent
 from ._header import SessionHeader, check_header_cwd, header_to_builtins
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError, is_safe_int, snapshot_json

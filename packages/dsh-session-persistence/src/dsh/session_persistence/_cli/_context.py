@@ -2,7 +2,7 @@
 
 The root comes from ``--root``, else ``DSH_SESSIONS_ROOT``, else the user's XDG data directory
 (``$XDG_DATA_HOME/dsh-sessions``, or ``~/.local/share/dsh-sessions``); never the process's working directory.
-Backends are found through the ``dsh.session`` entry points (``Host.load_entrypoints`` + ``Host.backends``).
+Backends are found through the ``dsh.session`` entry points (``Host.load_entrypoints`` + ``Host.dsh_session_backends``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class Stack:
 def select_backend(host: Host, name: str | None) -> tuple[str, type[object]]:
     """The backend class named ``name`` (default: ``jsonl`` when installed, else the only one installed)."""
     try:
-        found = host.backends()
+        found = host.dsh_session_backends()
     except (TypeError, ValueError) as exc:
         raise CliError(f"installed backend plugins conflict: {exc}", EXIT_UNAVAILABLE) from exc
     if name is None:
