@@ -9,27 +9,21 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
-from dsh.session_persistence._backend import StorageMetadata
-from dsh.session_persistence._errors import (
+from dsh.session_persistence.backend import (
     SeqMismatchError,
     SessionAlreadyExistsError,
     SessionFormatUnsupportedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
+    StorageMetadata,
 )
-from dsh.session_persistence._events import OpaqueEvent, SessionEvent
+from dsh.session_persistence.events import OpaqueEvent, SessionEvent
 from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import NAME, SCHEMA_VERSION, PostgresBackend, SchemaVersionError
 from dsh.session_persistence_postgres._codec import EventCodec
 from dsh.session_persistence_postgres._plugin import dsh_session_backends
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module", params=[pytest.param(("asyncio", {"debug": True}), id="asyncio")])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    """The database tests need psycopg's async API, which runs on asyncio only (see test_trio.py)."""
-    return request.param
 
 
 @pytest.fixture
