@@ -11,8 +11,9 @@ message is a type byte and a length), which is what lets the proxy act on one pr
   sockets stay open), like a peer behind a dead route. New connections are forwarded normally.
 * ``latency`` (seconds) delays every forwarded chunk in both directions.
 
-``round_trips`` counts the server's ``ReadyForQuery`` messages: one per client round trip (a simple query or a
-pipeline's sync point).
+``client_turns`` counts the round trips: a chunk from the client after the server last spoke starts a new one
+(the client sent, then had to wait for an answer before sending more). ``round_trips`` counts the server's
+``ReadyForQuery`` messages (sync points, several per pipeline).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class _Link:
         self.upstream = upstream
         self.blackholed = False
         self.closed = False
+        self.server_spoke = True  # a client chunk after a server chunk starts a new client turn
         # Delay lines: (due time, bytes or None for "close after what is queued") per direction.
         self.to_server: queue.SimpleQueue[tuple[float, bytes | None]] = queue.SimpleQueue()
         self.to_client: queue.SimpleQueue[tuple[float, bytes | None]] = queue.SimpleQueue()
@@ -55,7 +57,10 @@ class PgProxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.latency = 0.0
+        #: While true, new connections are accepted and closed at once (a server that cannot be reached).
+        self.refuse_new = False
         self.round_trips = 0
+        self.client_turns = 0
         self.commit_replies_dropped = 0
         self._drop_commits = 0
         self._lock = threading.Lock()
@@ -112,6 +117,9 @@ class PgProxy:
                 client, _addr = self._listener.accept()
             except OSError:
                 return
+            if self.refuse_new:
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.upstream_port), timeout=10)
                 upstream.settimeout(None)
@@ -150,6 +158,10 @@ class PgProxy:
         try:
             while chunk := link.client.recv(65536):
                 if not link.blackholed:
+                    if link.server_spoke:
+                        link.server_spoke = False
+                        with self._lock:
+                            self.client_turns += 1
                     link.to_server.put((time.monotonic() + self.latency, chunk))
         except OSError:
             pass
@@ -163,6 +175,7 @@ class PgProxy:
                 if link.blackholed:
                     continue
                 buffer += chunk
+                link.server_spoke = True
                 out, buffer, drop = self._scan(buffer)
                 if out:
                     link.to_client.put((time.monotonic() + self.latency, out))
@@ -198,6 +211,8 @@ class PgProxy:
     def close(self) -> None:
         self._running = False
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+        with contextlib.suppress(OSError):
             self._listener.close()
         self.close_all()
         with self._lock:
@@ -208,7 +223,7 @@ class PgProxy:
         with self._lock:
             threads = list(self._threads)
         for thread in threads:
-            thread.join(timeout=5)
+            thread.join(timeout=1)
 
 
 @contextlib.contextmanager

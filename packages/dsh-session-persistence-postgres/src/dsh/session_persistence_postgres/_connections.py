@@ -237,26 +237,30 @@ class Connections:
             self._pool.open(wait=False)
             self._opened = True
 
-    def _diagnose(self, timeout: PoolTimeout) -> NotSent:
-        """Why no pooled connection came: try one directly and report its error, not the pool's timeout."""
-        try:
-            probe: Conn = psycopg.connect(self._conninfo, **self._kwargs)
-        except psycopg.Error as exc:
-            return NotSent(exc, is_retryable_connect_error(exc))
-        probe.close()
-        # The server accepts connections: the pool is simply exhausted (every connection busy).
-        return NotSent(timeout, True)
+    def _direct_after_timeout(self, timeout: PoolTimeout) -> Conn:
+        """No pooled connection came: connect directly, to use it now or to report the real error.
 
-    def _acquire(self) -> Conn:
+        The pool waits between reconnection attempts after failures (a restart), so a direct connection also
+        gets an operation going as soon as the server is back; it is closed after this one use.
+        """
+        try:
+            conn: Conn = psycopg.connect(self._conninfo, **self._kwargs)
+        except psycopg.Error as exc:
+            raise NotSent(exc, is_retryable_connect_error(exc)) from timeout
+        return conn
+
+    def _acquire(self, wait: float | None) -> tuple[Conn, bool]:
+        """A usable connection and whether it came from the pool."""
+        timeout = self._pool_timeout if wait is None else max(0.01, min(wait, self._pool_timeout))
         for _attempt in range(64):
             try:
-                conn: Conn = self._pool.getconn(timeout=self._pool_timeout)
+                conn: Conn = self._pool.getconn(timeout=timeout)
             except PoolTimeout as exc:
-                raise self._diagnose(exc) from exc
+                return self._direct_after_timeout(exc), False
             except PoolClosed as exc:
                 raise NotSent(exc, False) from exc
             if not is_stale(conn):
-                return conn
+                return conn, True
             # Closed by the server while idle (a restart): drop it; the pool makes a fresh one.
             with contextlib.suppress(psycopg.Error):
                 conn.close()
@@ -264,13 +268,15 @@ class Connections:
         raise NotSent(OSError("no usable connection: every pooled connection was closed by the server"), True)
 
     @contextlib.contextmanager
-    def connection(self, *, direct: bool = False) -> Iterator[Conn]:
+    def connection(self, *, direct: bool = False, wait: float | None = None) -> Iterator[Conn]:
         """A checked connection in autocommit mode, guarded by the client deadline.
+
+        ``wait`` caps the wait for a pooled connection (seconds; default ``pool_timeout``).
 
         Raises :class:`NotSent` if none could be had and :class:`Lost` if it broke while in use; psycopg's
         server errors pass through (the connection is rolled back to idle first).
         """
-        conn = self.connect_direct() if direct else self._acquire()
+        conn, pooled = (self.connect_direct(), False) if direct else self._acquire(wait)
         restore_autocommit = False
         try:
             if not conn.autocommit:
@@ -289,10 +295,10 @@ class Connections:
             if restore_autocommit and not conn.closed:
                 with contextlib.suppress(psycopg.Error):
                     conn.autocommit = False
-            if direct:
-                conn.close()
-            else:
+            if pooled:
                 self._pool.putconn(conn)
+            else:
+                conn.close()
 
     def close(self) -> None:
         """Close the owned pool (a caller's pool stays open: it belongs to the caller)."""

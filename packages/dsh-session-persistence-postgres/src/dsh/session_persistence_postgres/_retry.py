@@ -41,9 +41,9 @@ class Retrier:
         self._connections = connections
         self._retry_timeout = retry_timeout
 
-    def _once(self, action: str, body: Callable[[Conn], T], direct: bool) -> T:
+    def _once(self, action: str, body: Callable[[Conn], T], direct: bool, deadline: float) -> T:
         try:
-            with self._connections.connection(direct=direct) as conn:
+            with self._connections.connection(direct=direct, wait=deadline - time.monotonic()) as conn:
                 return body(conn)
         except psycopg.Error as exc:
             raise server_error(action, exc) from exc
@@ -54,7 +54,7 @@ class Retrier:
         delay = _FIRST_DELAY
         while True:
             try:
-                return self._once(action, body, direct)
+                return self._once(action, body, direct, deadline)
             except NotSent as exc:
                 if not exc.retryable or time.monotonic() + delay > deadline:
                     raise _unreachable(action, exc.cause) from exc.cause
@@ -74,7 +74,7 @@ class Retrier:
         in_doubt: Lost | None = None
         while True:
             try:
-                return self._once(action, attempt, False)
+                return self._once(action, attempt, False, deadline)
             except NotSent as exc:
                 # Nothing was sent this time: waiting and sending again is safe.
                 if not exc.retryable or time.monotonic() + delay > deadline:
@@ -101,7 +101,7 @@ class Retrier:
         delay = _FIRST_DELAY
         while True:
             try:
-                return self._once(f"{action} (read-back)", settle, False)
+                return self._once(f"{action} (read-back)", settle, False, deadline)
             except NotSent as exc:
                 if not exc.retryable or time.monotonic() + delay > deadline:
                     raise _in_doubt(action, in_doubt, exc.cause) from in_doubt.cause
