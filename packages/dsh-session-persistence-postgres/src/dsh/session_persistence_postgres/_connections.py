@@ -85,6 +85,19 @@ def server_error(action: str, exc: psycopg.Error) -> SessionStorageError:
     return SessionStorageError(f"PostgreSQL {action} failed ({what}); nothing was written")
 
 
+def _connection_failed(conn: Conn, exc: psycopg.Error) -> bool:
+    """True unless ``exc`` is a server's answer on a connection still in a known state.
+
+    A server error carries a SQLSTATE; one without (a client-side or protocol failure, such as a pipeline
+    that could not be exited) or of the connection classes (08, 57P: shutdown, crash) leaves the connection's
+    state, and so the outcome of what was sent, unknown.
+    """
+    if conn.closed or conn.broken:
+        return True
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "57P"))
+
+
 def _socket_readable(conn: Conn) -> bool:
     try:
         readable, _w, _x = select.select([conn.fileno()], [], [], 0)
@@ -286,7 +299,10 @@ class Connections:
                 try:
                     yield conn
                 except psycopg.Error as exc:
-                    if conn.closed or conn.broken or state["fired"]:
+                    if _connection_failed(conn, exc) or state["fired"]:
+                        # Unknown state: never reuse it (the pool discards a closed connection).
+                        with contextlib.suppress(Exception):
+                            conn.close()
                         raise Lost(exc, state["fired"]) from exc
                     if conn.info.transaction_status != pq.TransactionStatus.IDLE:
                         conn.rollback()
