@@ -1,8 +1,9 @@
 """PostgreSQL backend for dsh sessions: one row per session, one row per event, every write one transaction.
 
-``PostgresBackend(conninfo, schema="public", ...)`` implements the :class:`dsh.session_persistence.SessionBackend`
-primitives on sync psycopg 3 connections run in worker threads, so it works under asyncio and trio. The plugin
-module registers it under the name ``"postgres"`` (entry-point group ``dsh.session``).
+``PostgresBackend(conninfo, schema="public", ...)`` implements the
+:class:`dsh.session_persistence.backend.SessionBackend` primitives on sync psycopg 3 connections run in worker
+threads, so it works under asyncio and trio. The plugin module registers it under the name ``"postgres"``
+(entry-point group ``dsh.session``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import anyio
 import anyio.to_thread
 from psycopg_pool import ConnectionPool
 
-from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec, check_contiguous
+from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec
 from ._connections import Connections
 from ._core import (
     IncompleteInheritedPrefixError,
@@ -34,6 +34,7 @@ from ._core import (
     StorageMetadata,
     StoredPrefix,
     StoredSuffix,
+    check_contiguous,
 )
 from ._errors import PostgresConfigurationError
 from ._schema import Tables

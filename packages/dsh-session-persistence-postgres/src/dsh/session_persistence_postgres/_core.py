@@ -1,8 +1,8 @@
 """The ``dsh.session_persistence`` names this backend is built on: the backend protocol, events, header, errors.
 
-Everything the backend needs from the core comes through this one module and only from the public backend face
-(``dsh.session_persistence.backend``) and ``hookspecs``, so the package shows exactly which surface a
-third-party backend depends on.
+Everything the backend needs from the core comes through this one module, so the package shows exactly which
+surface a third-party backend depends on: the value types of the backend protocol, the event codec, the header
+struct, the typed errors and the hook marker.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from dsh.session_persistence.backend import (
     StoredPrefix,
     StoredSuffix,
     UnsupportedOperationError,
+    check_contiguous,
     decode_event_line,
     encode_event,
     header_to_builtins,
+    hookimpl,
 )
-from dsh.session_persistence.hookspecs import PROJECT_NAME
 
 __all__ = [
-    "PROJECT_NAME",
     "IncompleteInheritedPrefixError",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
@@ -50,7 +50,9 @@ __all__ = [
     "StoredPrefix",
     "StoredSuffix",
     "UnsupportedOperationError",
+    "check_contiguous",
     "decode_event_line",
     "encode_event",
     "header_to_builtins",
+    "hookimpl",
 ]
