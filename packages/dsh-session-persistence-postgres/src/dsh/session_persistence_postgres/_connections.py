@@ -63,15 +63,32 @@ class Lost(Exception):
         self.timed_out = timed_out
 
 
+#: Server refusals at connect that pass on their own (a restart in progress, every slot busy).
+_PASSING_REFUSALS = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "too many clients",
+    "remaining connection slots",
+)
+
+
 def is_retryable_connect_error(exc: BaseException) -> bool:
     """A failure to connect that may pass (refused, reset, server starting or shutting down), not a refusal.
 
-    Wrong passwords, unknown roles or databases and missing privileges come back with a SQLSTATE and are final.
+    libpq reports a failed connection without a SQLSTATE; the server's own refusal comes as a ``FATAL:`` line
+    (wrong password, unknown role or database, no privilege), which is final unless it is one of the passing
+    conditions of a restart.
     """
     if not isinstance(exc, psycopg.Error):
         return False
-    state = exc.sqlstate
-    return state is None or state.startswith(("08", "57P"))
+    if exc.sqlstate is not None:
+        return exc.sqlstate.startswith(("08", "57P", "53300"))
+    text = str(exc)
+    if "FATAL:" not in text:
+        return True  # no answer from a server: refused, reset, unreachable
+    return any(passing in text for passing in _PASSING_REFUSALS)
 
 
 def server_error(action: str, exc: psycopg.Error) -> SessionStorageError:
