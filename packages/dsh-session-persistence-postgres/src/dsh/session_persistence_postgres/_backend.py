@@ -37,6 +37,7 @@ from ._core import (
     check_contiguous,
 )
 from ._errors import PostgresConfigurationError
+from ._lease import AdvisoryLease, NoLease, acquire_advisory_lease
 from ._schema import Tables
 from ._settings import Settings
 from ._store import SyncStore
@@ -56,10 +57,11 @@ class PostgresBackend:
 
     The tables live in ``schema`` (created if missing; any name of at most 63 bytes, case and spaces kept), so
     several independent stores can share one database. The bounds (``lock_timeout``, ``statement_timeout``,
-    ``client_timeout``, ``retry_timeout``, ``pool_timeout``, in seconds) and ``allow_weak_durability`` are
-    described in the README. The server's ``fsync`` and ``synchronous_commit`` are checked at the first use.
-    Supports the optional ``load_stored_from``, ``materialize_header`` and ``rewrite`` primitives; ``locate``
-    returns ``None`` (no artifact path) and raw artifacts are not supported.
+    ``client_timeout``, ``retry_timeout``, ``pool_timeout``, in seconds), ``allow_weak_durability`` and
+    ``writer_lease`` (an advisory lock per written session; off by default) are described in the README.
+    The server's ``fsync`` and ``synchronous_commit`` are checked at the first use. Supports the optional
+    ``load_stored_from``, ``materialize_header``, ``rewrite`` and ``acquire_writer_lease`` primitives;
+    ``locate`` returns ``None`` (no artifact path) and raw artifacts are not supported.
     """
 
     NAME = "postgres"
@@ -81,6 +83,7 @@ class PostgresBackend:
         retry_timeout: float = 30.0,
         pool_timeout: float = 10.0,
         allow_weak_durability: bool = False,
+        writer_lease: bool = False,
     ) -> None:
         if pool is not None and (conninfo or connection_kwargs):
             raise PostgresConfigurationError("pass either a pool or conninfo/connection_kwargs, not both")
@@ -112,6 +115,9 @@ class PostgresBackend:
             client_deadline=self._settings.client_deadline,
             name=f"dsh-{schema}",
         )
+        self._connections = connections
+        self._writer_lease = writer_lease
+        self._leases: list[AdvisoryLease] = []
         self._store = SyncStore(connections, self._tables, self._codec, self._settings)
         self._closed = False
 
@@ -204,12 +210,28 @@ class PostgresBackend:
         rows = [self._codec.encode(e) for e in events]
         await self._run(self._store.rewrite, session_id, rows)
 
+    async def acquire_writer_lease(self, meta: SessionHeader) -> AdvisoryLease | NoLease:
+        """The session's writer lease: a no-op unless ``writer_lease=True``, then an advisory lock.
+
+        Off, a second writer is still refused by the compare-and-set on ``next_seq`` at its first write. On,
+        it is refused up front with :class:`~dsh.session_persistence.SessionLockedError` naming the holder;
+        each held lease uses a connection of its own until released.
+        """
+        if not self._writer_lease:
+            return NoLease()
+        await self._run(self._store.start)
+        lease = await self._run(acquire_advisory_lease, self._connections, self._tables.schema_name, meta.id)
+        self._leases = [held for held in self._leases if held.held] + [lease]
+        return lease
+
     async def aclose(self) -> None:
         """Close the connection pool it owns (idempotent; a caller's pool stays open)."""
         if self._closed:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
+            for lease in self._leases:  # leases the coordinator did not release end with the backend
+                await lease.release()
             await self._run(self._store.close)
 
     def __repr__(self) -> str:

@@ -253,10 +253,10 @@ class Connections:
             )
         self._opened = False
 
-    def connect_direct(self) -> Conn:
+    def connect_direct(self, **extra: Any) -> Conn:
         """One connection outside the pool (the first contact, so its real error surfaces at once)."""
         try:
-            conn: Conn = psycopg.connect(self._conninfo, **self._kwargs)
+            conn: Conn = psycopg.connect(self._conninfo, **{**self._kwargs, "autocommit": True, **extra})
         except psycopg.Error as exc:
             raise NotSent(exc, is_retryable_connect_error(exc)) from exc
         return conn
