@@ -189,3 +189,16 @@ def test_plugin_registers_the_backend() -> None:
     assert dsh_session_backends() == [PostgresBackend]
     found = [ep for ep in entry_points(group="dsh.session") if ep.name == "postgres"]
     assert [ep.value for ep in found] == ["dsh.session_persistence_postgres._plugin"]
+
+
+async def test_a_damaged_header_leaves_only_its_session_out_of_list(postgres_dsn: str, schema: str) -> None:
+    backend = PostgresBackend(postgres_dsn, schema=schema)
+    try:
+        await backend.append_batch(StorageMetadata(meta("good")), one_turn_log(), False)
+        await backend.append_batch(StorageMetadata(meta("bad")), one_turn_log(), False)
+        _sql(postgres_dsn, f"UPDATE \"{schema}\".dsh_sessions SET header = '{{\"id\": 7}}' WHERE id = 'bad'")
+        assert [h.id for h in await backend.list()] == ["good"]
+        with pytest.raises(SessionPersistenceCorruptionError, match='stored session "bad" failed validation'):
+            await backend.load_stored("bad")
+    finally:
+        await backend.aclose()

@@ -154,15 +154,14 @@ async def test_stale_pooled_connections_are_replaced_before_anything_is_sent(clu
     backend = PostgresBackend(cluster.dsn, schema=schema, retry_timeout=0, min_size=1, max_size=1)
     try:
         await backend.append_batch(storage, one_turn_log(), False)
-        seq = 6
-        for mode in ("fast", "immediate"):
-            await anyio.to_thread.run_sync(cluster.stop, mode)
+        # A read after a fast restart, a write after an immediate one (then each the other way round).
+        for read_mode, write_mode, seq in (("fast", "immediate", 6), ("immediate", "fast", 9)):
+            await anyio.to_thread.run_sync(cluster.stop, read_mode)
             await anyio.to_thread.run_sync(cluster.start)
             stored = await backend.load_stored("stale")
             assert stored is not None and len(stored.events) == seq
-            await anyio.to_thread.run_sync(cluster.stop, mode)
+            await anyio.to_thread.run_sync(cluster.stop, write_mode)
             await anyio.to_thread.run_sync(cluster.start)
             await backend.append_batch(storage, simple_turn(seq, seq), True)
-            seq += 3
     finally:
         await backend.aclose()

@@ -178,7 +178,16 @@ class SyncStore:
     def snapshots(self) -> list[tuple[SessionHeader, str]]:
         store_id = self.start()
         rows = self._retry.read("list", lambda conn: conn.execute(self._sql.snapshots).fetchall())
-        return [(decode_header(sid, text), f"{store_id}:{rev}") for sid, text, rev in rows]
+        listed = []
+        for sid, text, rev in rows:
+            try:
+                header = decode_header(sid, text)
+            except SessionPersistenceCorruptionError as exc:
+                # One damaged header makes that session unlistable, never the whole list (load reports it).
+                _log.warning("list: leaving out %r: %s", sid, exc)
+                continue
+            listed.append((header, f"{store_id}:{rev}"))
+        return listed
 
     # -- writes -----------------------------------------------------------------------------------------
 
