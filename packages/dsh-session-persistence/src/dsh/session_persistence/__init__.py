@@ -90,6 +90,7 @@ from ._events import (
     first_refused_unknown,
 )
 from ._fork import SessionForkError
+from ._front_door import BackendNotFoundError, Sessions, open_sessions
 from ._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
 from ._host import Host, hookimpl
 from ._json import MAX_JSON_DEPTH, JsonValue, NotLosslessJsonError, is_json_value, snapshot_json
@@ -114,6 +115,9 @@ from ._write_behind import WriteBehindController
 from .loop import AgentLoop, LlmError, ModelAdapter, Tool, ToolOutput
 
 __all__ = [
+    "BackendNotFoundError",
+    "Sessions",
+    "open_sessions",
     "EVENT_TYPES",
     "MAX_JSON_DEPTH",
     "SESSION_FORMAT_VERSION",

@@ -336,9 +336,15 @@ class PersistenceCoordinator:
         results: dict[int, Exception] = {}
 
         async def flush_one(index: int, session: Session) -> None:
+            entry = self._live.get(session)
             try:
                 await self._flush(session)
             except Exception as exc:
+                store = self._host.sessions
+                disposed = store is None or not store.is_live(session)
+                if disposed and entry is not None and entry.init.error is exc and not entry.writes.has_work:
+                    # Disposed empty after it failed to bind (an id collision, a held lease): no event is lost.
+                    return
                 results[index] = exc
 
         sessions = list(self._live)
@@ -962,7 +968,13 @@ class PersistenceCoordinator:
             try:
                 await self._retire(session)
             except Exception as exc:
-                _logger.warning('%s: session "%s" retirement failed: %s', self._name, session.id, exc)
+                entry = self._live.get(session)
+                if entry is not None and entry.init.error is exc and not entry.writes.has_work:
+                    # Never bound to storage (an id collision, a held lease; its owner saw that error) and nothing
+                    # was appended to it: nothing is lost, so the final drain must not fail the coordinator's exit.
+                    del self._live[session]
+                else:
+                    _logger.warning('%s: session "%s" retirement failed: %s', self._name, session.id, exc)
             finally:
                 if self._retirements.get(session.id) is record:
                     del self._retirements[session.id]
@@ -986,3 +998,28 @@ class PersistenceCoordinator:
                 del self._states[session_id]
 
         await self._serialized(session_id, core)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Readiness (used by the agent loop before a new session's first turn)
+
+    async def wait_ready(self, session: Session) -> None:
+        """Wait until this live session is bound to its stored state; raise what binding raised.
+
+        Writes nothing and is not a flush. A new session whose id is already stored raises
+        ``SessionIdCollisionError`` here, before anything of it is appended.
+        """
+        self._require_open()
+        live = self._live.get(session)
+        if live is None:
+            store = self._host.sessions
+            if store is None or not store.is_live(session):
+                raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
+            live = self._ensure_live(session)
+        await live.init.wait()
+
+
+def coordinators_of(host: Host) -> builtins.list[PersistenceCoordinator]:
+    """The running coordinators registered in ``host`` (in registration order)."""
+    return [
+        p._owner for p in host.get_plugins() if isinstance(p, _Hooks) and p._owner._running and not p._owner._closed
+    ]

@@ -16,6 +16,8 @@ from ._boundaries import (
     ToolExecution,
     TurnAborted,
 )
+from ._coordinator import coordinators_of
+from ._errors import SessionIdCollisionError
 from ._events import (
     Message,
     RequestContext,
@@ -37,8 +39,11 @@ from ._loop_protocols import (
 )
 from ._loop_runtime import Assembler, runtime
 from ._loop_tools import ToolSteps, _Slot
+from ._tools import tool_spec
+from ._turn_result import TurnResult, turn_result
 
 if TYPE_CHECKING:
+    from ._coordinator import PersistenceCoordinator
     from ._host import Host
     from ._session import Session, SessionStore
 
@@ -52,8 +57,9 @@ class AgentLoop(ToolSteps):
     :param store: The session store; the loop's session lives there.
     :param adapter: The model adapter (:class:`ModelAdapter`).
     :param tools: The tools the model may call (:class:`Tool`), by their ``name``.
-    :param provider: Provider name recorded in ``request/header``/``request/context``.
-    :param model: Model name recorded likewise.
+    :param provider: Provider name recorded in ``request/header``/``request/context`` (default: the adapter's
+        ``provider`` attribute).
+    :param model: Model name recorded likewise (default: the adapter's ``model`` attribute).
     :param session_id: Id of the new session to create (``None``: the store picks one).
     :param session: An existing live session of ``store`` to drive instead (used by :meth:`resume`).
     :param system: Optional system prompt (part of the request header).
@@ -70,8 +76,8 @@ class AgentLoop(ToolSteps):
         adapter: ModelAdapter,
         tools: Iterable[Tool] = (),
         *,
-        provider: str,
-        model: str,
+        provider: str | None = None,
+        model: str | None = None,
         session_id: str | None = None,
         session: Session | None = None,
         system: str | None = None,
@@ -79,21 +85,31 @@ class AgentLoop(ToolSteps):
     ) -> None:
         if type(max_parallel_tool_calls) is not int or max_parallel_tool_calls < 1:
             raise ValueError("max_parallel_tool_calls must be a positive integer")
+        provider = provider or _adapter_name(adapter, "provider")
+        model = model or _adapter_name(adapter, "model")
         if not provider or not model:
-            raise ValueError("provider and model must be non-empty")
+            raise ValueError(
+                "provider and model must be non-empty: pass provider= and model=, or give the adapter "
+                "provider and model attributes"
+            )
         self.host = host
         self.store = store
         self.adapter = adapter
         self.tools: dict[str, Tool] = {}
+        specs: list[dict[str, Any]] = []
         for tool in tools:
+            spec = tool_spec(tool)
             if tool.name in self.tools:
                 raise ValueError(f"two tools are named {tool.name!r}")
             self.tools[tool.name] = tool
-        self.provider = provider
-        self.model = model
+            specs.append(spec)
+        self._tool_specs = tuple(specs)
+        self.provider: str = provider
+        self.model: str = model
         self.system = system
         self.max_parallel_tool_calls = max_parallel_tool_calls
         self._runtime = runtime(host)
+        self._owns_session = session is None
         if session is None:
             session = store.create(session_id)
         elif not store.is_live(session):
@@ -106,19 +122,20 @@ class AgentLoop(ToolSteps):
         self._slots: list[_Slot] = []  # the current step's started tool calls
         self._requested = False  # whether this loop instance already logged a request header
         self._closed = False
+        self._preflight_done = not self._owns_session  # a created session is checked against storage first
 
     @classmethod
     async def resume(
         cls,
         host: Host,
         store: SessionStore,
-        persistence: Any,
+        persistence: PersistenceCoordinator,
         session_id: str,
         adapter: ModelAdapter,
         tools: Iterable[Tool] = (),
         *,
-        provider: str,
-        model: str,
+        provider: str | None = None,
+        model: str | None = None,
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
     ) -> AgentLoop:
@@ -128,11 +145,20 @@ class AgentLoop(ToolSteps):
         with it through ``store`` (which appends ``session/end-seed``). The next :meth:`run_turn` continues the turn
         numbering and logs its first request header with reason ``resume``. Loading a session that is live with an
         open turn raises ``LiveTurnOpenError``; a live id cannot be seeded twice (``SessionAlreadyExistsError``).
+
+        ``provider``, ``model`` and ``system`` default to those of the session's last request header (then to the
+        adapter's attributes), so a resume names only what is not stored: the adapter and the tools.
         """
         view = await persistence.load(session_id)
         session = store.create(
             session_id, seed=view.events, meta=view.meta, inherited_event_count=view.inherited_event_count
         )
+        stored = session.request_header()
+        if stored is not None:
+            provider = provider or stored.config.provider
+            model = model or stored.config.model
+            if system is None and isinstance(stored.system, str):
+                system = stored.system
         return cls(
             host,
             store,
@@ -206,8 +232,13 @@ class AgentLoop(ToolSteps):
     # ---------------------------------------------------------------------------------------------
     # A turn
 
-    async def run_turn(self, messages: str | Message | Sequence[str | Message]) -> TurnEnd:
-        """Run one turn with ``messages`` as the user input; return the ``turn/end`` event.
+    async def run_turn(self, messages: str | Message | Sequence[str | Message]) -> TurnResult:
+        """Run one turn with ``messages`` as the user input; return its :class:`TurnResult`.
+
+        ``result.reason.kind`` says how it ended, ``result.text`` is the model's last text, ``result.event`` the
+        ``turn/end`` event. Before the first turn of a loop that created its session, the session is checked
+        against storage: a stored log with the same id raises ``SessionIdCollisionError`` (resume it instead) and
+        the loop closes; nothing is appended.
 
         Errors are contained: a failing turn ends ``error`` (and ``agent_error`` is notified), a cancelled one
         ``aborted``. Native (anyio) cancellation is not swallowed: the turn is closed ``aborted {disposed}`` (unless
@@ -219,14 +250,47 @@ class AgentLoop(ToolSteps):
             raise RuntimeError("a turn is already running on this agent loop")
         if self._session.has_open_turn():
             raise RuntimeError(f'session "{self._session.id}" has an open turn')
+        if not self._preflight_done:
+            await self.ready()
         signal = CancelSignal()
         self._signal = signal
         self.host.notify_agent_status(self, "running")
         try:
-            return await self._turn(self._user_messages(messages), signal)
+            start = len(self._session.events)
+            end = await self._turn(self._user_messages(messages), signal)
+            return turn_result(self._session.events[start:], end)
         finally:
             self._signal = None
             self.host.notify_agent_status(self, "idle")
+
+    async def ready(self) -> None:
+        """Bind a session this loop created to its storage now, so a conflict surfaces before any turn.
+
+        ``SessionIdCollisionError`` when the id is already stored (continue it with :meth:`resume` instead); the
+        loop is then closed and its session retired, nothing appended. A no-op for a resumed or forked session and
+        once it succeeded; :meth:`run_turn` calls it before the first turn.
+        """
+        if self._preflight_done:
+            return
+        try:
+            for persistence in coordinators_of(self.host):
+                await persistence.wait_ready(self._session)
+        except SessionIdCollisionError as exc:
+            self._abandon()
+            raise SessionIdCollisionError(
+                f'session "{self._session.id}" is already stored; continue it with AgentLoop.resume(...) '
+                f"(or Sessions.resume / resume_or_create) instead of creating it again ({exc})"
+            ) from exc
+        except BaseException:
+            self._abandon()
+            raise
+        self._preflight_done = True
+
+    def _abandon(self) -> None:
+        """Close the loop and retire the session it created (nothing of it was appended)."""
+        self.close()
+        if self.store.is_live(self._session):
+            self.store.dispose(self._session)
 
     def _user_messages(self, messages: str | Message | Sequence[str | Message]) -> list[Message]:
         items: Sequence[str | Message] = [messages] if isinstance(messages, (str, Message)) else messages
@@ -314,8 +378,8 @@ class AgentLoop(ToolSteps):
         header: dict[str, Any] = {"config": {"provider": self.provider, "model": self.model}}
         if self.system is not None:
             header["system"] = self.system
-        if self.tools:
-            header["tools"] = [{"name": name} for name in self.tools]
+        if self._tool_specs:
+            header["tools"] = [dict(spec) for spec in self._tool_specs]
         if not self._requested:
             self._requested = True
             session.append("request/header", {"header": header, "reason": "initial" if previous is None else "resume"})
@@ -339,7 +403,7 @@ class AgentLoop(ToolSteps):
             config={"provider": self.provider, "model": self.model},
             signal=signal,
             system=self.system,
-            tools=tuple({"name": name} for name in self.tools),
+            tools=self._tool_specs,
         )
         stream = self.host.llm_stream(request)
         assembler = Assembler()
@@ -422,3 +486,9 @@ class AgentLoop(ToolSteps):
     def __repr__(self) -> str:
         state = "running" if self._signal is not None else "idle"
         return f"<AgentLoop session={self._session.id!r} {state}>"
+
+
+def _adapter_name(adapter: object, attribute: str) -> str | None:
+    """The adapter's ``provider``/``model`` attribute when it is a non-empty str (adapters may name themselves)."""
+    value = getattr(adapter, attribute, None)
+    return value if isinstance(value, str) and value else None

@@ -42,7 +42,7 @@ class ModelAdapter(Protocol):
     """A model provider adapter.
 
     ``stream(request)`` returns an async iterator of ``StreamChunk`` **structs** (from
-    :mod:`dsh.session_persistence._events`); the last one should be a ``FinishChunk`` whose reason kind is
+    :mod:`dsh.session_persistence.events`); the last one should be a ``FinishChunk`` whose reason kind is
     ``stop``, ``tool-calls``, ``max-tokens``, ``error`` or ``aborted``. The adapter should stop when
     ``request.signal`` is aborted (the loop also races the stream against the signal, so a hanging adapter is
     cancelled natively). An exception escaping the adapter becomes a final ``finish{error}`` chunk.
@@ -55,7 +55,12 @@ class Tool(Protocol):
     """A tool the model can call.
 
     :attr name: The tool name the model uses.
+    :attr description: Optional: what the tool does, for the model (missing or empty: no description).
+    :attr parameters: Optional: the JSON schema of its arguments object (missing or ``None``: any object).
     :attr parallel: ``True`` if calls may overlap other parallel-safe calls (anything else is exclusive).
+    Description and parameters are read with ``getattr`` (tools written before they existed keep working and keep
+    type-checking) and reach the model request through :func:`~dsh.session_persistence.loop.tool_spec`.
+
     :meth run: The body: ``await tool.run(arguments, call_id, signal)`` with the parsed JSON arguments, the model's
         call id (use it as an idempotency key for side effects) and the turn's cooperative signal. Returns text or a
         :class:`ToolExecutionResult`; an exception becomes an error result ``"Error: <message>"``.

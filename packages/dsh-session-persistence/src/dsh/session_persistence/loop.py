@@ -32,6 +32,7 @@ pre-/post-execute policy and approval. A turn is started explicitly with :meth:`
 
 from __future__ import annotations
 
+from ._boundaries import CancelSignal, ModelRequest
 from ._loop_agent import AgentLoop
 from ._loop_protocols import (
     DEFAULT_MAX_PARALLEL_TOOL_CALLS,
@@ -41,13 +42,22 @@ from ._loop_protocols import (
     Tool,
     ToolOutput,
 )
+from ._tools import ANY_OBJECT_SCHEMA, FunctionTool, tool_spec
+from ._turn_result import TurnReason, TurnResult
 
 __all__ = [
+    "ANY_OBJECT_SCHEMA",
     "DEFAULT_MAX_PARALLEL_TOOL_CALLS",
     "RUNTIME_PLUGIN_NAME",
     "AgentLoop",
+    "CancelSignal",
+    "FunctionTool",
     "LlmError",
     "ModelAdapter",
+    "ModelRequest",
     "Tool",
     "ToolOutput",
+    "TurnReason",
+    "TurnResult",
+    "tool_spec",
 ]
