@@ -19,23 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from dsh.session_persistence import (
-    TOOL_NOT_STARTED,
-    TOOL_OUTCOME_UNKNOWN,
+from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
+from dsh.session_persistence.backend import event_to_builtins
+from dsh.session_persistence.events import (
     AssistantMessage,
-    Host,
-    PersistenceCoordinator,
     SessionEvent,
-    SessionStore,
     ToolCall,
+    ToolCallBlock,
     ToolResult,
     TurnStart,
-    event_to_builtins,
-    has_open_turn,
-    validate_turns,
 )
-from dsh.session_persistence._events import ToolCallBlock
+from dsh.session_persistence.invariant import validate_turns
 from dsh.session_persistence.loop import AgentLoop
+from dsh.session_persistence.repair import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN, has_open_turn
 from dsh.session_persistence.testing import ScriptedAdapter, TextResponse
 
 HERE = Path(__file__).resolve().parent

@@ -18,15 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from dsh.session_persistence import (
-    Host,
-    PersistenceCoordinator,
-    Session,
-    SessionEvent,
-    SessionStore,
-    event_to_builtins,
-    hookimpl,
-)
+from dsh.session_persistence import Host, PersistenceCoordinator, Session, SessionStore, hookimpl
+from dsh.session_persistence.backend import event_to_builtins
+from dsh.session_persistence.events import SessionEvent
 from dsh.session_persistence.loop import TurnResult
 
 POLICY_PLUGIN = "session-checkpoint-policy"

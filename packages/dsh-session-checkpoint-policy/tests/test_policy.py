@@ -62,14 +62,14 @@ from dsh.session_persistence import (
     PreStepInput,
     Session,
     SessionStore,
-    StreamChunk,
     ToolExecution,
     ToolExecutionResult,
     aborted_before_dispatch_result,
     error_result,
     hookimpl,
 )
-from dsh.session_persistence._events import FinishChunk, FinishReason, TextDeltaChunk, event_to_builtins
+from dsh.session_persistence.backend import event_to_builtins
+from dsh.session_persistence.events import FinishChunk, FinishReason, StreamChunk, TextDeltaChunk
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from dsh.session_persistence import SessionBackend
+from dsh.session_persistence.backend import SessionBackend
 from dsh.session_persistence.testing import BackendConformance
 from dsh.session_persistence_jsonl import JsonlBackend
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import anyio
 import pytest
-from dsh.session_persistence import Host, PersistenceCoordinator, StorageMetadata, event_to_builtins
+from dsh.session_persistence import Host, PersistenceCoordinator
 from dsh.session_persistence._cli import _main
 from dsh.session_persistence._cli._context import default_root, resolve_root
 from dsh.session_persistence._cli._io import Io
+from dsh.session_persistence.backend import StorageMetadata, event_to_builtins
 from dsh.session_persistence.testing import (
     assistant_message,
     meta,

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
         ModelRequest,
         PreStepDecision,
         PreStepInput,
-        StreamChunk,
         ToolExecution,
         ToolExecutionResult,
     )
+    from dsh.session_persistence.events import StreamChunk
 
 __all__ = ["NAME", "REQUIRES", "agent_pre_step", "llm_stream", "policy", "tools_execute"]
 

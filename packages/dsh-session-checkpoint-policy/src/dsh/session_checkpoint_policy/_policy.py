@@ -34,7 +34,8 @@ from dsh.session_persistence import (
 )
 
 if TYPE_CHECKING:
-    from dsh.session_persistence import Host, Session, SessionStore, StreamChunk
+    from dsh.session_persistence import Host, Session, SessionStore
+    from dsh.session_persistence.events import StreamChunk
 
 __all__ = ["NAME", "REQUIRES", "CheckpointPolicy"]
 

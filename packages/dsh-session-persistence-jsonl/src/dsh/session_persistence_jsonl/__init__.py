@@ -1,7 +1,7 @@
 """JSONL backend for dsh sessions: one append-only, checksummed ``.jsonl.zstd`` transcript per session.
 
 ``JsonlBackend(root, compression="zstd" | "none", pack_chunks=True)`` implements the
-:class:`dsh.session_persistence.SessionBackend` primitives; the ``PersistenceCoordinator`` layers
+:class:`dsh.session_persistence.backend.SessionBackend` primitives; the ``PersistenceCoordinator`` layers
 serialization, write-behind and crash repair on top. The plugin module registers it under the name
 ``"jsonl"`` (entry-point group ``dsh.session``).
 """

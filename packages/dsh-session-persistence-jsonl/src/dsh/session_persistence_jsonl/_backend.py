@@ -18,17 +18,19 @@ from typing import ClassVar, TypeVar
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from dsh.session_persistence._backend import (
+from dsh.session_persistence.backend import (
     RawArtifact,
+    SessionAlreadyExistsError,
+    SessionEvent,
+    SessionHeader,
     SessionLocation,
+    SessionNotFoundError,
     SessionSnapshot,
     StorageMetadata,
     StoredPrefix,
     StoredSuffix,
+    encode_storage_lines,
 )
-from dsh.session_persistence._errors import SessionAlreadyExistsError, SessionNotFoundError
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._header import SessionHeader
 
 from ._discovery import check_identity, check_target_dir, find_transcript, list_transcripts, preflight
 from ._frames import FrameError, compress_frame, decode_frame, scan_frames
@@ -43,7 +45,8 @@ from ._fs import (
     truncate_durable,
 )
 from ._layout import Compression, encode_segment, project_dir_name, transcript_path
-from ._records import NotAHeaderError, corrupt, encode_batch, encode_header_line, parse_header_line
+from ._lease import JsonlWriterLease, acquire_lease
+from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
@@ -158,7 +161,7 @@ class JsonlBackend:
         return log, revision
 
     def _encode_batch(self, events: Sequence[SessionEvent]) -> bytes:
-        plaintext = encode_batch(events, self.pack_chunks)
+        plaintext = encode_storage_lines(events, pack_chunks=self.pack_chunks)
         if self.compression == "zstd" and plaintext:
             return compress_frame(plaintext)
         return plaintext
@@ -367,8 +370,18 @@ class JsonlBackend:
 
         await self._run_shielded(work)
 
+    async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
+        """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.
+
+        Refused at once with ``SessionLockedError`` (naming the holder's pid and host) while another process, or
+        another backend instance in this one, holds it; the kernel releases it when its holder dies.
+        """
+        session_dir = os.path.dirname(self._path_for(meta))
+        return await self._run_shielded(lambda: acquire_lease(self.root, session_dir, meta.id))
+
     async def aclose(self) -> None:
-        """Nothing to release: no descriptor outlives a primitive call."""
+        """Nothing to release: no descriptor outlives a primitive call (writer leases are released by their
+        holder, the coordinator)."""
 
 
 def _exists_error(message: str, path: str) -> SessionLogExistsError:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import os
+import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,16 +21,17 @@ import anyio
 import msgspec
 
 from ._backend import SessionSnapshot, StorageMetadata, StoredPrefix, StoredSuffix
+from ._contiguity import check_contiguous
 from ._errors import (
-    SeqMismatchError,
     SessionAlreadyExistsError,
+    SessionLockedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
 )
 from ._events import SessionEvent, decode_event_line, encode_event
 from ._header import SessionHeader, header_to_builtins
 
-__all__ = ["MemoryBackend", "MemoryStore"]
+__all__ = ["MemoryBackend", "MemoryLease", "MemoryStore"]
 
 #: What an injected torn tail looks like: the first bytes of a line that never finished.
 DEFAULT_TORN_FRAGMENT = b'{"type":"turn/end","seq":'
@@ -55,6 +58,13 @@ class MemoryStore:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _leases: dict[str, MemoryLease] = field(default_factory=dict)
+    _lease_numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def lease_holder(self, session_id: str) -> str | None:
+        """Who holds the writer lease of ``session_id`` (``None`` when nobody does)."""
+        lease = self._leases.get(session_id)
+        return None if lease is None else lease.holder
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._entries
@@ -138,19 +148,30 @@ def _header(obj: dict[str, Any]) -> SessionHeader:
     return msgspec.convert(obj, SessionHeader)
 
 
-def _check_contiguous(session_id: str, start: int, events: Sequence[SessionEvent]) -> None:
-    for index, event in enumerate(events):
-        if event.seq != start + index:
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {start + index} at index {index}, got {event.seq}'
-            )
+class MemoryLease:
+    """A writer lease of a :class:`MemoryStore`: exclusive per store and session id, until :meth:`release`."""
+
+    def __init__(self, store: MemoryStore, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._holder = f"pid {os.getpid()} on {socket.gethostname()} (memory lease {next(store._lease_numbers)})"
+
+    @property
+    def holder(self) -> str:
+        return self._holder
+
+    async def release(self) -> None:
+        """Give the lease back (idempotent)."""
+        if self._store._leases.get(self._session_id) is self:
+            del self._store._leases[self._session_id]
 
 
 class MemoryBackend:
     """Backend keeping sessions in a :class:`MemoryStore` (pass ``store=`` to share one across instances).
 
     Every write is atomic (it happens between two checkpoints, with nothing awaited in the middle). Supports the
-    optional ``materialize_header``, ``rewrite`` and ``load_stored_from``; ``locate`` returns ``None`` (there is no
+    optional ``materialize_header``, ``rewrite``, ``load_stored_from`` and ``acquire_writer_lease`` (one writer per
+    session and store, across every instance sharing the store); ``locate`` returns ``None`` (there is no
     artifact path) and raw artifacts are not supported.
     """
 
@@ -205,6 +226,16 @@ class MemoryBackend:
         """No per-session artifact path: always ``None``."""
         return None
 
+    async def acquire_writer_lease(self, meta: SessionHeader) -> MemoryLease:
+        """The store-wide exclusive writer lease of ``meta.id``; :class:`SessionLockedError` if it is held."""
+        await anyio.lowlevel.checkpoint()
+        held = self.store._leases.get(meta.id)
+        if held is not None:
+            raise SessionLockedError(meta.id, held.holder)
+        lease = MemoryLease(self.store, meta.id)
+        self.store._leases[meta.id] = lease
+        return lease
+
     # -- writes (each one atomic) ------------------------------------------------------------------------
 
     async def append_batch(
@@ -218,7 +249,7 @@ class MemoryBackend:
         if not is_materialized:
             if entry is not None:
                 raise SessionAlreadyExistsError(f'session "{session_id}" already has a persisted log')
-            _check_contiguous(session_id, 0, events)
+            check_contiguous(session_id, 0, events)
             if len(events) < storage.inherited_event_count:
                 raise ValueError(f'session "{session_id}" cannot materialize before its inherited prefix is complete')
             self.store._entries[session_id] = _Entry(
@@ -233,7 +264,7 @@ class MemoryBackend:
         if entry.torn is not None:
             # Appending after a torn fragment would bury it mid-log; the coordinator repairs before appending.
             raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail')
-        _check_contiguous(session_id, len(entry.lines), events)
+        check_contiguous(session_id, len(entry.lines), events)
         entry.lines.extend(lines)
         self.store._bump(entry)
 
@@ -252,7 +283,7 @@ class MemoryBackend:
             entry.torn = None
         if entry.torn is not None and closers:
             raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail')
-        _check_contiguous(session_id, len(entry.lines), closers)
+        check_contiguous(session_id, len(entry.lines), closers)
         entry.lines.extend(encode_event(e) for e in closers)
         self.store._bump(entry)
 
@@ -274,7 +305,7 @@ class MemoryBackend:
         await anyio.lowlevel.checkpoint()
         session_id = storage.meta.id
         entry = self.store._require(session_id)
-        _check_contiguous(session_id, 0, events)
+        check_contiguous(session_id, 0, events)
         entry.lines = [encode_event(e) for e in events]
         entry.torn = None
         self.store._bump(entry)

@@ -1,4 +1,5 @@
-"""Test support for dsh sessions: the backend conformance kit, scripted model adapters and tools, fault injection.
+"""Test support for dsh sessions: the backend conformance kit, scripted model adapters and tools, fault injection,
+log builders and a manually driven scheduler for the write-behind timers.
 
 Backend packages subclass :class:`BackendConformance` and override its ``backend_factory`` fixture (see that
 class for the optional hooks). Only :class:`BackendConformance` needs pytest (install the ``testing`` extra); it
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._scheduling import ManualScheduler, Scheduler
 from ._controlled import ControlledMemoryBackend
 from ._faults import FaultInjectingBackend, InjectedFault
 from ._hypothesis import use_noisy_machine_profile
@@ -67,9 +69,11 @@ __all__ = [
     "FaultInjectingBackend",
     "HangResponse",
     "InjectedFault",
+    "ManualScheduler",
     "Opened",
     "ScriptedAdapter",
     "ScriptedResponse",
+    "Scheduler",
     "ScriptedTool",
     "TextResponse",
     "ToolCallResponse",

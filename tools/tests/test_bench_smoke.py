@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench"
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,15 @@ def _positive(value: object) -> bool:
         ("flush_idle_us", "p99"),
         ("flush_one_pending_us", "median"),
         ("flush_one_pending_us", "p99"),
+        ("commit", "ms_per_commit", "dsh"),
+        ("commit", "ms_per_commit", "raw"),
+        ("commit", "ratio", "dsh_vs_raw"),
+        ("commit", "reload_ms", "dsh"),
+        ("commit", "reload_ms", "raw"),
+        ("many_sessions", "asyncio-1", "p99_ms"),
+        ("many_sessions", "asyncio-100", "p99_ms"),
+        ("many_sessions", "trio-100", "p99_ms"),
+        ("many_sessions", "trio-100", "cpu_us_per_barrier"),
         ("workload", "events"),
         ("workload", "durable_points"),
         ("machine", "nproc"),
