@@ -86,3 +86,14 @@ async def test_runner_with_hooks_records_calls_first_class_and_dedupes_the_sdk_s
         assert [e.data.call_id for e in events if type(e) is ToolCall] == ["c1"]
         assert len([e for e in events if type(e) is ToolResult]) == 1
         assert len([e for e in events if type(e) is OpaqueEvent and e.type == ITEM_EVENT]) == 4  # no duplicates
+
+
+async def test_session_settings_limit_applies_and_bad_settings_are_refused() -> None:
+    async with open_sessions(backend="memory") as sessions:
+        session = DshSession(sessions, "s", session_settings={"limit": 1})
+        await session.add_items([user("a"), user("b")])
+        assert await session.get_items() == [user("b")]
+        assert await session.get_items(limit=2) == [user("a"), user("b")]
+        await session.aclose()
+        with pytest.raises(TypeError, match="limitt"):
+            DshSession(sessions, "t", session_settings={"limitt": 1})

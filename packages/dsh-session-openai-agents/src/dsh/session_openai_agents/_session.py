@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 from agents import RunHooks
+from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 from dsh.session_persistence import Session, SessionNotFoundError, Sessions
 from dsh.session_persistence.events import OpaqueEvent, ToolResult, TurnStart
 
@@ -76,17 +77,22 @@ class DshSession:
 
     :param sessions: The open store (``async with open_sessions(root) as sessions``).
     :param session_id: The dsh session id (also the SDK's ``session_id``).
+    :param session_settings: The SDK's session settings (``SessionSettings`` or its dict form); its ``limit`` is
+        what ``get_items()`` returns when called without one.
 
     The dsh session is opened on first use: resumed (crash-repaired) when stored, else created; from then on this
     object is its only writer (a second writer, in this process or another, gets ``SessionLockedError`` from the
     writer lease). Calls on one object are serialized. Every mutation is durable when it returns.
     """
 
-    session_settings: Any = None
-
-    def __init__(self, sessions: Sessions, session_id: str) -> None:
+    def __init__(
+        self, sessions: Sessions, session_id: str, *, session_settings: SessionSettings | dict[str, Any] | None = None
+    ) -> None:
         self.sessions = sessions
         self.session_id = session_id
+        self.session_settings: SessionSettings = (
+            coerce_session_settings(session_settings) if session_settings is not None else SessionSettings()
+        )
         self._live: Session | None = None
         self._lock = anyio.Lock()
         self._pending: set[tuple[str, str]] = set()  # recorded early, not yet saved by the SDK
@@ -147,7 +153,9 @@ class DshSession:
     # The Session protocol
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
-        """The stored items, oldest first (the latest ``limit`` when given); repaired calls get their output."""
+        """The stored items, oldest first (the latest ``limit``, else the settings' limit, when given); a call whose
+        output crash repair wrote gets that output."""
+        limit = resolve_session_limit(limit, self.session_settings)
         async with self._lock:
             live = await self._session()
             items = [item for _, item in self._items(live.events)]
