@@ -196,10 +196,12 @@ async def test_fork_a_stored_session_by_turn_without_writing_the_parent(tmp_path
         agent = await sessions.create("parent", ScriptedAdapter([TextResponse("one"), TextResponse("two")]))
         await agent.run_turn("first")
         await agent.run_turn("second")
+        agent.session.append("turn/start", {"turn": 3})  # a turn left open, as a crash leaves it
     before = stored_files(tmp_path)
     async with open_sessions(tmp_path) as sessions:
-        with pytest.raises(SessionForkError, match=r"turn 3 .* has not ended") as info:
-            await sessions.fork("parent", ScriptedAdapter([]), turn=3, child_id="nope")
+        # The open turn 3 ends "interrupted" in the repaired view (never written to the parent); turn 4 never started.
+        with pytest.raises(SessionForkError, match=r"turn 4 .* has not ended \(last ended turn: 3\)") as info:
+            await sessions.fork("parent", ScriptedAdapter([]), turn=4, child_id="nope")
         assert info.value.code == "INVALID_BOUNDARY"
         with pytest.raises(SessionForkError, match="positive integer"):
             await sessions.fork("parent", ScriptedAdapter([]), turn=0)
@@ -211,7 +213,8 @@ async def test_fork_a_stored_session_by_turn_without_writing_the_parent(tmp_path
         assert [m.role for m in model.requests[0].messages] == ["user", "assistant", "user"]
     after = stored_files(tmp_path)
     parent_files = {k: v for k, v in before.items() if "parent" in k}
-    assert parent_files and all(after[k] == v for k, v in parent_files.items())  # the parent is byte-identical
+    # The parent is byte-identical: no seed marker, and its open turn 3 was not repaired (a load would have).
+    assert parent_files and all(after[k] == v for k, v in parent_files.items())
     async with open_sessions(tmp_path) as sessions:
         view = await sessions.inspect("child")
         starts = [e.data.turn for e in view.events if type(e) is TurnStart]
