@@ -99,7 +99,7 @@ async def open_stack(
     if not policy:
         host.unregister(name=POLICY_PLUGIN)
     store = SessionStore(host, check_turns=True)
-    backend_cls: Any = host.backends()["jsonl"]
+    backend_cls: Any = host.dsh_session_backends()["jsonl"]
     backend = backend_cls(root, compression="none")
     flushes = FlushProbe()
     errors = ErrorProbe()

@@ -68,9 +68,11 @@ from ._json import NotLosslessJsonError
 from ._memory import MemoryBackend, MemoryStore
 from ._session import Session, SessionStore
 from ._views import SessionEventSuffix, SessionInspection
+from .hookspecs import Agent
 from .loop import AgentLoop, LlmError, ModelAdapter, Tool, ToolOutput
 
 __all__ = [
+    "Agent",
     "AgentLoop",
     "BackendNotFoundError",
     "CancelSignal",

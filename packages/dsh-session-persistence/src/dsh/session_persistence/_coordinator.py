@@ -44,8 +44,9 @@ from ._errors import (
     SessionPersistenceError,
     UnsupportedOperationError,
 )
-from ._events import SessionEvent, decode_event, event_to_builtins
-from ._header import SessionHeader, header_to_builtins
+from ._event_codec import decode_event, event_to_builtins
+from ._events import SessionEvent
+from ._header import SessionHeader, check_header_cwd, header_to_builtins
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError, is_safe_int, snapshot_json
 from ._live_path import LivePath, live_view
@@ -305,6 +306,8 @@ class PersistenceCoordinator:
         cut = 0 if inherited_event_count is None else _check_offset(inherited_event_count)
         if not seeded and cut != 0:
             raise TypeError("unseeded session metadata inherited event count must be 0")
+        if "cwd" in data:
+            check_header_cwd(data["cwd"])  # the live path's rule and message (a relative cwd is never listable)
         try:
             header = meta if isinstance(meta, SessionHeader) else msgspec.convert(data, SessionHeader)
         except msgspec.ValidationError as exc:

@@ -254,14 +254,14 @@ class AgentLoop(ToolSteps):
             await self.ready()
         signal = CancelSignal()
         self._signal = signal
-        self.host.notify_agent_status(self, "running")
+        self.host.agent_status(self, "running")
         try:
             start = len(self._session.events)
             end = await self._turn(self._user_messages(messages), signal)
             return turn_result(self._session.events[start:], end)
         finally:
             self._signal = None
-            self.host.notify_agent_status(self, "idle")
+            self.host.agent_status(self, "idle")
 
     async def ready(self) -> None:
         """Bind a session this loop created to its storage now, so a conflict surfaces before any turn.
@@ -357,7 +357,7 @@ class AgentLoop(ToolSteps):
                         exc.failure if isinstance(exc, LlmError) else {"message": _error_text(exc), "code": "UNKNOWN"}
                     )
                     reason = {"kind": "error", "error": failure}
-                    self.host.notify_agent_error(self, turn, step, exc)
+                    self.host.agent_error(self, turn, step, exc)
         except BaseException:
             # Native cancellation (host teardown): close the turn honestly, then let the cancellation go on.
             signal.abort("disposed")
@@ -417,7 +417,7 @@ class AgentLoop(ToolSteps):
             raise
 
         async def watch(scope: anyio.CancelScope) -> None:
-            # Race the iteration against the cooperative signal, so a hanging adapter stops (spec/policy.md §6.7).
+            # Race the iteration against the cooperative signal, so a hanging adapter stops.
             await signal.wait()
             scope.cancel()
 

@@ -49,13 +49,18 @@ class ToolSteps:
     _session: Session
     _slots: list[_Slot]
 
+    @property
+    def session(self) -> Session:
+        """The live session this loop appends to."""
+        return self._session
+
     async def _run_tools(self, turn: int, step: int, calls: list[dict[str, Any]], signal: CancelSignal) -> None:
         self._slots = []
         try:
             await self._schedule(turn, step, calls, signal)
         except BaseException as exc:
             if isinstance(exc, Exception):
-                raise  # an internal failure: rethrown without fabricating results (spec/policy.md §1.5)
+                raise  # an internal failure: rethrown without fabricating results
             # Native cancellation (teardown): close every call so the transcript stays balanced, then propagate.
             started = {slot.block["id"] for slot in self._slots}
             for slot in list(self._slots):

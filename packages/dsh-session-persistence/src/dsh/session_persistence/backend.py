@@ -48,9 +48,7 @@ from ._errors import (
     SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
-from ._events import (
-    EVENT_TYPES,
-    SessionEvent,
+from ._event_codec import (
     check_message_shape,
     check_source_event_seqs,
     decode_event,
@@ -59,8 +57,10 @@ from ._events import (
     event_to_builtins,
     first_refused_unknown,
 )
+from ._events import EVENT_TYPES, SessionEvent
 from ._format import check_format_version, refuse_unknown_events
 from ._header import (
+    READABLE_FORMAT_VERSIONS,
     SESSION_FORMAT_VERSION,
     SessionHeader,
     header_from_builtins,
@@ -78,6 +78,7 @@ __all__ = [
     "IncompleteInheritedPrefixError",
     "MAX_SAFE_INTEGER",
     "RawArtifact",
+    "READABLE_FORMAT_VERSIONS",
     "SESSION_FORMAT_VERSION",
     "SeqMismatchError",
     "SessionAlreadyExistsError",

@@ -1,7 +1,7 @@
 """A small, real reference agent loop that drives a model adapter and tools through the boundary hooks.
 
 :class:`AgentLoop` is what the integration suite, the crash tests and the demo run: it records the canonical events
-of a turn in order (spec/policy.md §1.2, §6)::
+of a turn in order::
 
     turn/start
       step/start, user/message..., request/header, request/context?,

@@ -15,6 +15,7 @@ from .._errors import (
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
+    SessionStorageError,
 )
 from ._commands import cmd_export, cmd_list, cmd_plugins, cmd_show, cmd_stats
 from ._context import ROOT_ENV, load_host, open_stack, parse_options, resolve_root, storage_message
@@ -95,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     repair = command("repair", "commit crash repair for one session (cold load)")
     repair.add_argument("id", help="session id")
     repair.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    repair.add_argument(
+        "--discard-damaged-tail",
+        action="store_true",
+        help="discard a damaged FINAL batch (printing what is lost first); damage elsewhere is never cut",
+    )
     command("export", "the decoded log as JSONL on stdout (what inspect returns)").add_argument("id", help="session id")
     command("stats", "counts, bytes and compression ratio")
     command("plugins", "loaded dsh.session plugins, their distributions and hooks")
@@ -114,6 +120,8 @@ def _classify(exc: BaseException, root: str | None) -> CliError | None:
         return exc
     if isinstance(exc, SessionNotFoundError):
         return CliError(str(exc), EXIT_NOT_FOUND)
+    if isinstance(exc, SessionStorageError) and isinstance(exc.__cause__, OSError):
+        return CliError(storage_message(exc.__cause__, root or "?"), EXIT_UNAVAILABLE)
     if isinstance(exc, (SessionFormatUnsupportedError, SessionPersistenceCorruptionError, SessionPersistenceError)):
         return CliError(str(exc), EXIT_DAMAGED)
     if isinstance(exc, OSError):
