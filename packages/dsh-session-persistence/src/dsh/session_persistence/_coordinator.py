@@ -460,3 +460,28 @@ class PersistenceCoordinator:
         """Make everything appended to the live ``session`` so far durable (the ``session_flush`` barrier)."""
         self._require_open()
         await self._livepath.flush(session)
+
+    async def wait_ready(self, session: Session) -> None:
+        """Wait until this live session is bound to its stored state; raise what binding raised.
+
+        Writes nothing and is not a flush. A new session whose id is already stored raises
+        ``SessionIdCollisionError`` here, and one whose writer lease another writer holds ``SessionLockedError``,
+        before anything of it is appended.
+        """
+        self._require_open()
+        live = self._livepath.live.get(session)
+        if live is None:
+            store = self._host.sessions
+            if store is None or not store.is_live(session):
+                raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
+            live = self._livepath.ensure_live(session)
+        await live.init.wait()
+
+
+def coordinators_of(host: Host) -> builtins.list[PersistenceCoordinator]:
+    """The open coordinators registered in ``host`` (in registration order)."""
+    return [
+        p._owner
+        for p in host.get_plugins()
+        if isinstance(p, _Hooks) and p._owner._livepath.running and not p._owner._closed
+    ]
