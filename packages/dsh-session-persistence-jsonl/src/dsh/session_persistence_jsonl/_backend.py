@@ -29,6 +29,7 @@ from dsh.session_persistence._backend import (
 from dsh.session_persistence._errors import SessionAlreadyExistsError, SessionNotFoundError
 from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._header import SessionHeader
+from dsh.session_persistence._listing import ListQuery, SessionListing
 
 from ._discovery import check_identity, check_target_dir, find_transcript, list_transcripts, preflight
 from ._frames import FrameError, compress_frame, decode_frame, scan_frames
@@ -43,6 +44,7 @@ from ._fs import (
     truncate_durable,
 )
 from ._layout import Compression, encode_segment, project_dir_name, transcript_path
+from ._lifecycle import compact_transcript, delete_transcript, list_rows
 from ._records import NotAHeaderError, corrupt, encode_batch, encode_header_line, parse_header_line
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 
@@ -364,6 +366,43 @@ class JsonlBackend:
             except FileNotFoundError:
                 raise SessionNotFoundError(storage.meta.id) from None
             replace_durable(path, data)
+
+        await self._run_shielded(work)
+
+    # --------------------------------------------------------------------------------------------------------
+    # lifecycle (the work lives in _lifecycle)
+
+    @property
+    def cursor_scope(self) -> str:
+        """Listing cursors belong to this root (and encoding); a cursor from another root is refused."""
+        return f"jsonl:{self.compression}:{os.path.realpath(self.root)}"
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``."""
+
+        def work() -> builtins.list[SessionListing]:
+            self._ensure_preflight()
+            return list_rows(self.root, self.compression, query, _checkpoint)
+
+        return await self._run(work)
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        """Durably unlink the session's transcript (then its empty directory); unknown ids raise."""
+
+        def work() -> None:
+            self._ensure_preflight()
+            delete_transcript(self.root, self.compression, session_id, expected_revision, _checkpoint)
+
+        await self._run_shielded(work)
+
+    async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
+        """Atomically replace the transcript with the header and one batch (one zstd frame), keeping its mtime."""
+        path = self._path_for(storage.meta)
+        batch = list(events)
+
+        def work() -> None:
+            data = self._encode_header(storage) + self._encode_batch(batch)
+            compact_transcript(path, storage.meta.id, data, expected_revision)
 
         await self._run_shielded(work)
 

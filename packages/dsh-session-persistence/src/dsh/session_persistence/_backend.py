@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from ._events import SessionEvent
 from ._header import SessionHeader
+from ._listing import ListQuery, SessionListing
 
 __all__ = [
     "RawArtifact",
@@ -23,6 +24,9 @@ __all__ = [
     "StorageMetadata",
     "StoredPrefix",
     "StoredSuffix",
+    "SupportsCompact",
+    "SupportsDelete",
+    "SupportsListPage",
 ]
 
 
@@ -125,4 +129,60 @@ class SessionBackend(Protocol):
 
     async def list_snapshots(self) -> builtins.list[SessionSnapshot]:
         """Headers with revisions of every materialized session, without parsing logs."""
+        ...
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Optional lifecycle primitives. The coordinator checks them with ``isinstance(backend, SupportsX)`` and raises
+# UnsupportedOperationError when a backend has none; every one is independent of the others.
+
+
+@runtime_checkable
+class SupportsDelete(Protocol):
+    """A backend that can durably remove one session's stored log."""
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        """Durably remove the stored log: once this returns no ``load``/``list`` sees it, even after a crash.
+
+        Raises ``SessionNotFoundError`` if nothing is stored under the id, and ``SessionChangedError`` (deleting
+        nothing) when ``expected_revision`` is given and the stored revision is another one. A crash part-way
+        leaves either the whole log or no log, never a readable fragment.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsListPage(Protocol):
+    """A backend that answers paged, ordered, filtered listings without loading every log.
+
+    ``cursor_scope`` names the storage the cursors belong to (for files, the root; for a database, the
+    database and schema): the coordinator binds every cursor to it, so a cursor from another root is refused.
+    """
+
+    @property
+    def cursor_scope(self) -> str:
+        """A stable string identifying this storage (never shown to users; only hashed into cursors)."""
+        ...
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """At most ``query.limit`` rows (all if ``None``) that satisfy ``query.matches``, in ``query.order_key`` order.
+
+        The first page of a large store must not cost a read of every log or every header where the storage
+        can order by activity cheaply (file modification times, an index). Unreadable headers are left out,
+        as ``list`` leaves them out; ``verify`` is the tool that reports them.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsCompact(Protocol):
+    """A backend that can rewrite a closed session's log as one batch."""
+
+    async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
+        """Atomically replace the stored log with the header, cut and ``events`` written as one batch.
+
+        ``events`` are exactly the stored events (the coordinator read and validated them at
+        ``expected_revision``). If the stored revision is no longer ``expected_revision`` nothing is written and
+        ``SessionChangedError`` is raised; a crash leaves the old log or the new one, never a mixture.
+        """
         ...

@@ -21,11 +21,13 @@ from __future__ import annotations
 import builtins
 import logging
 import operator
+import os
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -35,6 +37,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from msgspec import UNSET
 
+from . import _lifecycle
 from ._backend import SessionBackend, SessionLocation, SessionSnapshot, StorageMetadata, StoredPrefix
 from ._errors import (
     IncompleteInheritedPrefixError,
@@ -54,6 +57,7 @@ from ._format import check_format_version, refuse_unknown_events
 from ._header import SessionHeader, header_from_builtins, header_to_builtins
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError, is_safe_int, snapshot_json
+from ._listing import SessionPage
 from ._repair import has_open_turn, interrupted_turn_closers
 from ._scheduling import Scheduler, TaskGroupScheduler
 from ._session import Session
@@ -986,3 +990,49 @@ class PersistenceCoordinator:
                 del self._states[session_id]
 
         await self._serialized(session_id, core)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Lifecycle: paged listing, deletion, retention, compaction (implemented in _lifecycle)
+
+    async def list_page(
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        order: str = "recent",
+        cwd: str | os.PathLike[str] | None = None,
+        parent: str | None = None,
+        since: datetime | int | None = None,
+    ) -> SessionPage:
+        """One page of stored sessions, newest first by ``order`` (``"recent"`` activity or ``"created"``).
+
+        Filters: ``cwd`` (exact header cwd), ``parent`` (``parentSession``), ``since`` (last activity at or
+        after, an aware datetime or milliseconds since the epoch). Pass ``page.next_cursor`` back as ``cursor``
+        for the next page; a cursor from another root, order or filter set raises ``SessionCursorError``.
+        """
+        return await _lifecycle.list_page(
+            self, limit=limit, cursor=cursor, order=order, cwd=cwd, parent=parent, since=since
+        )
+
+    async def delete(self, session_id: str, *, expected_revision: str | None = None) -> None:
+        """Durably delete a stored session; refused for a live one (``SessionLiveError``), unknown ids raise
+        ``SessionNotFoundError``, a revision other than ``expected_revision`` raises ``SessionChangedError``."""
+        await _lifecycle.delete(self, session_id, expected_revision)
+
+    async def compact(self, session_id: str) -> _lifecycle.CompactResult:
+        """Rewrite a closed, cold session's log as one batch, atomically and under a revision check."""
+        return await _lifecycle.compact(self, session_id)
+
+    async def prune(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        dry_run: bool = True,
+        now: datetime | int | None = None,
+        progress: _lifecycle.Progress | None = None,
+    ) -> _lifecycle.PruneReport:
+        """Retention by age and/or count; a dry run (the default) only reports what would be deleted."""
+        return await _lifecycle.prune(
+            self, older_than=older_than, keep_last=keep_last, dry_run=dry_run, now=now, progress=progress
+        )

@@ -69,6 +69,7 @@ from .._host import Host
 from .._repair import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN
 from .._session import Session
 from ._faults import FaultInjectingBackend, InjectedFault
+from ._lifecycle_conformance import LifecycleConformance
 from ._logs import (
     WORK,
     assistant_message,
@@ -119,7 +120,7 @@ def _ids_of(headers: Sequence[Any]) -> list[str]:
     return [h.id for h in headers]
 
 
-class BackendConformance:
+class BackendConformance(LifecycleConformance):
     """Base class of a backend's conformance tests (not collected by itself: its name does not start with Test)."""
 
     pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]

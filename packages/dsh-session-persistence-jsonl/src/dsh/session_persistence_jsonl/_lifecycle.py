@@ -1,0 +1,175 @@
+"""Lifecycle primitives over a JSONL root: paged listing by directory entries, durable delete, compaction.
+
+Blocking code for worker threads. The ``"recent"`` listing orders sessions by their transcript's modification
+time, which one ``stat`` per session directory gives, and reads headers only for the rows of the page (plus
+the rows a header filter rejects); the ``"created"`` order needs every header, because the creation time lives
+only in the header. Sessions whose transcript is missing, empty, header-less or damaged are left out, as
+``list`` leaves them out (``dsh-sessions verify`` reports them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from dsh.session_persistence._errors import (
+    SessionChangedError,
+    SessionNotFoundError,
+    SessionPersistenceCorruptionError,
+    SessionPersistenceError,
+)
+from dsh.session_persistence._header import SessionHeader
+from dsh.session_persistence._listing import ListQuery, SessionListing
+
+from ._discovery import _read_raw_header, _read_zstd_header, check_identity, find_transcript
+from ._fs import fsync_dir, replace_durable, revision_of
+from ._layout import TRANSCRIPT_STEM, Compression, decode_segment, project_key, suffix_for
+from ._records import NotAHeaderError, parse_header_line
+
+__all__ = ["compact_transcript", "delete_transcript", "list_rows"]
+
+Checkpoint = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    session_id: str
+    path: str
+    st: os.stat_result
+
+    @property
+    def mtime_ms(self) -> int:
+        return self.st.st_mtime_ns // 1_000_000
+
+
+def _dirs(path: str) -> Iterator[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                # d_type from the directory read: no stat, and symlinked aliases are never followed.
+                if entry.is_dir(follow_symlinks=False):
+                    yield entry
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+def _candidates(root: str, compression: Compression, cwd: str | None, checkpoint: Checkpoint) -> list[_Candidate]:
+    """Every session directory with a transcript, with its stat: one ``stat`` per session, no file opened."""
+    name = TRANSCRIPT_STEM + suffix_for(compression)
+    # Every session with a given cwd lives in that cwd's project directory (the key is lossy: the header decides).
+    projects = [os.path.join(root, project_key(cwd))] if cwd is not None else [entry.path for entry in _dirs(root)]
+    out: list[_Candidate] = []
+    seen: dict[str, str] = {}
+    for project in projects:
+        checkpoint()
+        for entry in _dirs(project):
+            path = os.path.join(entry.path, name)
+            try:
+                st = os.stat(path)
+                session_id = decode_segment(entry.name)
+            except (FileNotFoundError, NotADirectoryError, ValueError):
+                continue
+            if session_id in seen:
+                raise SessionPersistenceCorruptionError(
+                    f'duplicate JSONL session id "{session_id}" appears in multiple project directories: '
+                    f"{seen[session_id]}, {path}"
+                )
+            seen[session_id] = path
+            out.append(_Candidate(session_id, path, st))
+    return out
+
+
+def _read_header(root: str, compression: Compression, cand: _Candidate, checkpoint: Checkpoint) -> SessionHeader | None:
+    read = _read_zstd_header if compression == "zstd" else _read_raw_header
+    try:
+        line = read(cand.path, checkpoint)
+        if line is None:
+            return None
+        header, _cut = parse_header_line(line, cand.path, refuse_versions=False)
+        check_identity(root, compression, cand.path, header, cand.session_id)
+    except (FileNotFoundError, NotAHeaderError, SessionPersistenceError):
+        return None
+    return header
+
+
+def list_rows(root: str, compression: Compression, query: ListQuery, checkpoint: Checkpoint) -> list[SessionListing]:
+    """Answer a listing query over ``root`` (see the module docstring for what each order costs)."""
+    cands = _candidates(root, compression, query.cwd, checkpoint)
+    if query.since is not None:
+        since = query.since
+        cands = [c for c in cands if c.mtime_ms >= since]
+    if query.order == "recent":
+        after = query.after
+        if after is not None:
+            cands = [
+                c
+                for c in cands
+                if c.mtime_ms < after.key or (c.mtime_ms == after.key and c.session_id > after.session_id)
+            ]
+        cands.sort(key=lambda c: (-c.mtime_ms, c.session_id))
+        rows: list[SessionListing] = []
+        for cand in cands:
+            if query.limit is not None and len(rows) >= query.limit:
+                break
+            checkpoint()
+            header = _read_header(root, compression, cand, checkpoint)
+            if header is None or not query.matches_header(header):
+                continue
+            rows.append(SessionListing(header, cand.mtime_ms, revision_of(cand.st)))
+        return rows
+    every: list[SessionListing] = []
+    for cand in cands:
+        checkpoint()
+        header = _read_header(root, compression, cand, checkpoint)
+        if header is not None:
+            every.append(SessionListing(header, cand.mtime_ms, revision_of(cand.st)))
+    kept = sorted((row for row in every if query.matches(row)), key=query.order_key)
+    return kept if query.limit is None else kept[: query.limit]
+
+
+def delete_transcript(
+    root: str, compression: Compression, session_id: str, expected_revision: str | None, checkpoint: Checkpoint
+) -> None:
+    """Unlink the transcript (one atomic step), make the removal durable, then tidy the empty directories."""
+    path = find_transcript(root, session_id, compression, checkpoint)
+    if path is None:
+        raise SessionNotFoundError(session_id)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SessionNotFoundError(session_id) from None
+    if expected_revision is not None and revision_of(st) != expected_revision:
+        raise SessionChangedError(session_id)
+    session_dir = os.path.dirname(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        raise SessionNotFoundError(session_id) from None
+    fsync_dir(session_dir)
+    # The session directory goes too when nothing else lives in it; a leftover is harmless (lists as nothing).
+    with contextlib.suppress(OSError):
+        os.rmdir(session_dir)
+        fsync_dir(os.path.dirname(session_dir))
+
+
+def compact_transcript(path: str, session_id: str, data: bytes, expected_revision: str) -> None:
+    """Replace the transcript with ``data`` (header + one batch) iff its revision is still ``expected_revision``.
+
+    The new file keeps the old modification time: compaction is not activity, so it must not make an idle
+    session look recent to ``list`` or spare it from ``prune``.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SessionNotFoundError(session_id) from None
+    if revision_of(st) != expected_revision:
+        raise SessionChangedError(session_id)
+    replace_durable(path, data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the restored time is metadata like any other: make it durable too
+    finally:
+        os.close(fd)
