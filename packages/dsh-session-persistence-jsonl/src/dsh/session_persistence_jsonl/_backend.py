@@ -23,6 +23,7 @@ from dsh.session_persistence._backend import (
     SessionLocation,
     SessionSnapshot,
     StorageMetadata,
+    StoredArtifact,
     StoredPrefix,
     StoredSuffix,
 )
@@ -44,7 +45,7 @@ from ._fs import (
     truncate_durable,
 )
 from ._layout import Compression, encode_segment, project_dir_name, transcript_path
-from ._lifecycle import compact_transcript, delete_transcript, list_rows
+from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._records import NotAHeaderError, corrupt, encode_batch, encode_header_line, parse_header_line
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 
@@ -385,6 +386,10 @@ class JsonlBackend:
             return list_rows(self.root, self.compression, query, _checkpoint)
 
         return await self._run(work)
+
+    async def list_artifacts(self) -> builtins.list[StoredArtifact]:
+        """Every transcript file by name, readable or not (``verify`` reports the ones ``list`` leaves out)."""
+        return await self._run(lambda: list_artifacts(self.root, self.compression, _checkpoint))
 
     async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
         """Durably unlink the session's transcript (then its empty directory); unknown ids raise."""

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from dsh.session_persistence._backend import StoredArtifact
 from dsh.session_persistence._errors import (
     SessionChangedError,
     SessionNotFoundError,
@@ -24,11 +25,11 @@ from dsh.session_persistence._header import SessionHeader
 from dsh.session_persistence._listing import ListQuery, SessionListing
 
 from ._discovery import _read_raw_header, _read_zstd_header, check_identity, find_transcript
-from ._fs import fsync_dir, replace_durable, revision_of
-from ._layout import TRANSCRIPT_STEM, Compression, decode_segment, project_key, suffix_for
+from ._fs import fsync_dir, is_file, replace_durable, revision_of
+from ._layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, Compression, decode_segment, project_key, suffix_for
 from ._records import NotAHeaderError, parse_header_line
 
-__all__ = ["compact_transcript", "delete_transcript", "list_rows"]
+__all__ = ["compact_transcript", "delete_transcript", "list_artifacts", "list_rows"]
 
 Checkpoint = Callable[[], None]
 
@@ -173,3 +174,34 @@ def compact_transcript(path: str, session_id: str, data: bytes, expected_revisio
         os.fsync(fd)  # the restored time is metadata like any other: make it durable too
     finally:
         os.close(fd)
+
+
+def list_artifacts(root: str, compression: Compression, checkpoint: Checkpoint) -> list[StoredArtifact]:
+    """Every transcript file under ``root`` by name (any size, any content), sorted by path; nothing is opened.
+
+    Flat-layout transcripts directly in a project directory are listed too (with ``session_id`` ``None``):
+    they are artifacts this backend refuses to read.
+    """
+    name = TRANSCRIPT_STEM + suffix_for(compression)
+    flat = (RAW_SUFFIX, ZSTD_SUFFIX)
+    out: list[StoredArtifact] = []
+    for project in sorted(entry.path for entry in _dirs(root)):
+        checkpoint()
+        try:
+            with os.scandir(project) as entries:
+                children = sorted(entries, key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in children:
+            if entry.is_dir(follow_symlinks=False):
+                path = os.path.join(entry.path, name)
+                if not is_file(path):
+                    continue
+                try:
+                    session_id: str | None = decode_segment(entry.name)
+                except ValueError:
+                    session_id = None
+                out.append(StoredArtifact(session_id, path))
+            elif entry.name.endswith(flat):
+                out.append(StoredArtifact(None, entry.path))
+    return out

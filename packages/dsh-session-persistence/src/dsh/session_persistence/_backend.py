@@ -22,8 +22,10 @@ __all__ = [
     "SessionLocation",
     "SessionSnapshot",
     "StorageMetadata",
+    "StoredArtifact",
     "StoredPrefix",
     "StoredSuffix",
+    "SupportsArtifactScan",
     "SupportsCompact",
     "SupportsDelete",
     "SupportsListPage",
@@ -185,4 +187,25 @@ class SupportsCompact(Protocol):
         ``expected_revision``). If the stored revision is no longer ``expected_revision`` nothing is written and
         ``SessionChangedError`` is raised; a crash leaves the old log or the new one, never a mixture.
         """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredArtifact:
+    """One stored artifact that may hold a session, readable or not.
+
+    ``session_id`` is ``None`` when the storage name does not decode to an id; ``location`` is where it is.
+    """
+
+    session_id: str | None
+    location: str
+
+
+@runtime_checkable
+class SupportsArtifactScan(Protocol):
+    """A backend that can enumerate what it stores without reading it (for integrity checks)."""
+
+    async def list_artifacts(self) -> builtins.list[StoredArtifact]:
+        """Every artifact that may hold a session, including empty, header-less and damaged ones, which ``list``
+        leaves out. Reads names (and at most metadata), never content."""
         ...
