@@ -20,6 +20,7 @@ import anyio.from_thread
 import anyio.to_thread
 from dsh.session_persistence._backend import (
     RawArtifact,
+    SalvagedLog,
     SessionLocation,
     SessionSnapshot,
     StorageMetadata,
@@ -47,6 +48,7 @@ from ._fs import (
 from ._layout import Compression, encode_segment, project_dir_name, transcript_path
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._records import NotAHeaderError, corrupt, encode_batch, encode_header_line, parse_header_line
+from ._salvage import salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
@@ -390,6 +392,24 @@ class JsonlBackend:
     async def list_artifacts(self) -> builtins.list[StoredArtifact]:
         """Every transcript file by name, readable or not (``verify`` reports the ones ``list`` leaves out)."""
         return await self._run(lambda: list_artifacts(self.root, self.compression, _checkpoint))
+
+    async def load_salvage(self, session_id: str) -> SalvagedLog | None:
+        """The events before the first damage of the transcript (read-only); ``None`` if absent."""
+
+        def work() -> SalvagedLog | None:
+            self._ensure_preflight()
+            path = find_transcript(self.root, session_id, self.compression, _checkpoint)
+            if path is None:
+                return None
+            try:
+                data, _revision = stable_read(path)
+            except FileNotFoundError:
+                return None
+            salvaged = (salvage_zstd if self.compression == "zstd" else salvage_raw)(data, path)
+            check_identity(self.root, self.compression, path, salvaged.meta, session_id)
+            return salvaged
+
+        return await self._run(work)
 
     async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
         """Durably unlink the session's transcript (then its empty directory); unknown ids raise."""

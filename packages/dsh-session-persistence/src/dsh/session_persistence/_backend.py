@@ -18,6 +18,7 @@ from ._listing import ListQuery, SessionListing
 
 __all__ = [
     "RawArtifact",
+    "SalvagedLog",
     "SessionBackend",
     "SessionLocation",
     "SessionSnapshot",
@@ -29,6 +30,7 @@ __all__ = [
     "SupportsCompact",
     "SupportsDelete",
     "SupportsListPage",
+    "SupportsSalvage",
 ]
 
 
@@ -208,4 +210,27 @@ class SupportsArtifactScan(Protocol):
     async def list_artifacts(self) -> builtins.list[StoredArtifact]:
         """Every artifact that may hold a session, including empty, header-less and damaged ones, which ``list``
         leaves out. Reads names (and at most metadata), never content."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SalvagedLog:
+    """The events stored before the first damage of a log, and what the damage was (``None``: none found).
+
+    ``events`` are contiguous from seq 0 and each decoded completely; nothing after the first defect is kept,
+    even if later bytes happen to decode (they cannot be trusted to follow what was lost).
+    """
+
+    meta: SessionHeader
+    inherited_event_count: int
+    events: builtins.list[SessionEvent]
+    damage: str | None
+
+
+@runtime_checkable
+class SupportsSalvage(Protocol):
+    """A backend that can read the intact prefix of a damaged log (never writes)."""
+
+    async def load_salvage(self, session_id: str) -> SalvagedLog | None:
+        """The longest decodable prefix; ``None`` if absent. A header that cannot be read still raises."""
         ...

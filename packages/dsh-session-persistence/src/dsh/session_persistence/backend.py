@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._backend import (
     RawArtifact,
+    SalvagedLog,
     SessionBackend,
     SessionLocation,
     SessionSnapshot,
@@ -22,6 +23,7 @@ from ._backend import (
     SupportsCompact,
     SupportsDelete,
     SupportsListPage,
+    SupportsSalvage,
 )
 from ._chunk_rows import (
     CHUNK_ROW_TAGS,
@@ -87,6 +89,7 @@ __all__ = [
     "ListPosition",
     "ListQuery",
     "RawArtifact",
+    "SalvagedLog",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
     "SessionBackend",
@@ -115,6 +118,7 @@ __all__ = [
     "SupportsCompact",
     "SupportsDelete",
     "SupportsListPage",
+    "SupportsSalvage",
     "UnsupportedOperationError",
     "check_format_version",
     "decode_event",

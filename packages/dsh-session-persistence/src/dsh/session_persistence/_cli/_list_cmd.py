@@ -11,7 +11,7 @@ import contextlib
 import os
 from typing import Any
 
-from .._backend import SupportsListPage
+from .._backend import StoredArtifact, SupportsArtifactScan, SupportsListPage
 from .._errors import SessionNotFoundError
 from .._events import SessionEvent, TextBlock
 from .._listing import SessionListing
@@ -106,12 +106,31 @@ async def _unpaged(args: argparse.Namespace, stack: Stack, io: Io) -> list[tuple
     return rows if args.limit is None else rows[: args.limit]
 
 
+async def _unreadable(
+    args: argparse.Namespace, stack: Stack, rows: list[tuple[SessionReport, int]], complete: bool
+) -> list[StoredArtifact]:
+    """Stored artifacts the listing left out because they cannot be read (only known for a whole, unfiltered list)."""
+    backend = stack.backend
+    filtered = args.cwd is not None or args.parent is not None or args.since is not None or args.cursor is not None
+    if not complete or filtered or not isinstance(backend, SupportsArtifactScan):
+        return []
+    listed = {report.id for report, _ in rows}
+    return [a for a in await backend.list_artifacts() if a.session_id not in listed]
+
+
 async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Sessions, most recent activity first: id, last activity, turns, events, size, status, cwd, title."""
     if isinstance(stack.backend, SupportsListPage):
         rows, next_cursor = await _paged(args, stack, io)
     else:
         rows, next_cursor = await _unpaged(args, stack, io), None
+    unreadable = await _unreadable(args, stack, rows, next_cursor is None)
+    if unreadable:
+        names = ", ".join(a.session_id or a.location for a in unreadable)
+        io.err.write(
+            f"dsh-sessions: warning: {len(unreadable)} stored session(s) cannot be read and are not listed "
+            f"(run `dsh-sessions verify`): {names}\n"
+        )
     if args.json:
         sessions = []
         for report, updated_at in rows:
@@ -122,11 +141,18 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
             sessions.append(document)
         write_json(
             io.out,
-            {"root": stack.root, "backend": stack.backend_name, "sessions": sessions, "nextCursor": next_cursor},
+            {
+                "root": stack.root,
+                "backend": stack.backend_name,
+                "sessions": sessions,
+                "nextCursor": next_cursor,
+                "unreadable": [{"id": a.session_id, "location": a.location} for a in unreadable],
+            },
         )
         return EXIT_OK
     if not rows:
-        io.out.write(f"no sessions under {stack.root} (backend {stack.backend_name})\n")
+        readable = "readable " if unreadable else ""
+        io.out.write(f"no {readable}sessions under {stack.root} (backend {stack.backend_name})\n")
         return EXIT_OK
     table_rows = []
     for report, updated_at in rows:
