@@ -34,7 +34,7 @@ from dsh.session_persistence import (
     has_open_turn,
     validate_turns,
 )
-from dsh.session_persistence._events import ToolCallBlock
+from dsh.session_persistence.events import ToolCallBlock
 from dsh.session_persistence.loop import AgentLoop
 from dsh.session_persistence.testing import ScriptedAdapter, TextResponse
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from crash_check import dump, kill_child, torture_once, verify_sync
-from dsh.session_persistence._events import InterruptedReason
+from dsh.session_persistence.events import InterruptedReason
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="needs POSIX signals")
 

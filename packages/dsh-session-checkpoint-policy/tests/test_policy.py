@@ -69,7 +69,8 @@ from dsh.session_persistence import (
     error_result,
     hookimpl,
 )
-from dsh.session_persistence._events import FinishChunk, FinishReason, TextDeltaChunk, event_to_builtins
+from dsh.session_persistence.backend import event_to_builtins
+from dsh.session_persistence.events import FinishChunk, FinishReason, TextDeltaChunk
 
 pytestmark = pytest.mark.anyio
 

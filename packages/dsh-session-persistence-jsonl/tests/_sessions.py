@@ -5,9 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from dsh.session_persistence._backend import StorageMetadata
-from dsh.session_persistence._events import SessionEvent, decode_event
-from dsh.session_persistence._header import SessionHeader
+from dsh.session_persistence.backend import SessionEvent, SessionHeader, StorageMetadata, decode_event
 
 WORDS = [
     "the",

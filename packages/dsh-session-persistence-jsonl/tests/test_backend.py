@@ -17,13 +17,14 @@ from typing import Any
 import anyio
 import pytest
 import zstandard
-from dsh.session_persistence._backend import SessionBackend, StorageMetadata
-from dsh.session_persistence._errors import (
+from dsh.session_persistence import interrupted_turn_closers
+from dsh.session_persistence.backend import (
     SessionAlreadyExistsError,
+    SessionBackend,
     SessionFormatUnsupportedError,
     SessionPersistenceCorruptionError,
+    StorageMetadata,
 )
-from dsh.session_persistence._repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend, SessionLogExistsError, TornTail
 from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame, scan_frames
 from dsh.session_persistence_jsonl._fs import fsync_dir
@@ -301,9 +302,9 @@ async def test_crash_tail_repair_and_continue(make: Factory) -> None:
     tail_events = b.events[len(committed) :]
     path = Path(backend.locate(st.meta).path)
     before = path.read_bytes()
-    from dsh.session_persistence_jsonl._records import encode_batch
+    from dsh.session_persistence.backend import encode_storage_lines
 
-    tail = encode_batch(tail_events, False)
+    tail = encode_storage_lines(tail_events, pack_chunks=False)
     if backend.compression == "zstd":
         frame = compress_frame(tail)
         # cut inside the big chunk line's block data so that turn/start and step/start decode
@@ -645,7 +646,8 @@ async def test_hostile_ids_stay_under_root(make: Factory, tmp_path: Path) -> Non
 
 
 async def test_unknown_event_types_are_kept_opaque(make: Factory) -> None:
-    from dsh.session_persistence._events import OpaqueEvent, decode_event
+    from dsh.session_persistence.backend import decode_event
+    from dsh.session_persistence.events import OpaqueEvent
 
     backend = make()
     events = [

@@ -19,11 +19,10 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from dsh.session_persistence._errors import SessionPersistenceError
-from dsh.session_persistence._repair import interrupted_turn_closers
+from dsh.session_persistence import interrupted_turn_closers
+from dsh.session_persistence.backend import SessionPersistenceError, decode_storage_line, encode_storage_lines
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._frames import scan_frames
-from dsh.session_persistence_jsonl._records import decode_line, encode_batch
 
 from ._sessions import storage, turn_batches
 
@@ -74,12 +73,12 @@ async def _build(tmp_path: Path, compression: str) -> tuple[JsonlBackend, Any, l
 
 def _raw_line_model(batch: list[Any]) -> list[tuple[int, int]]:
     """(end offset within the batch, events in the file up to that line) for the last batch's lines."""
-    body = encode_batch(batch, True)
+    body = encode_storage_lines(batch, pack_chunks=True)
     out: list[tuple[int, int]] = []
     pos = count = 0
     for line in body.split(b"\n")[:-1]:
         pos += len(line) + 1
-        count += len(decode_line(line))
+        count += len(decode_storage_line(line))
         out.append((pos, count))
     return out
 

@@ -24,9 +24,7 @@ WRITER = textwrap.dedent(
     """
     import os, sys, time
     import anyio
-    from dsh.session_persistence._events import decode_event
-    from dsh.session_persistence._backend import StorageMetadata
-    from dsh.session_persistence._header import SessionHeader
+    from dsh.session_persistence.backend import SessionHeader, StorageMetadata, decode_event
     from dsh.session_persistence_jsonl import JsonlBackend, SessionLogExistsError
 
     root, compression, sid, tag, go = sys.argv[1:6]

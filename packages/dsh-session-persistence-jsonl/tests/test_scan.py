@@ -6,10 +6,14 @@ import json
 from typing import Any
 
 import pytest
-from dsh.session_persistence._errors import SessionFormatUnsupportedError, SessionPersistenceCorruptionError
-from dsh.session_persistence._events import encode_event
+from dsh.session_persistence.backend import (
+    SessionFormatUnsupportedError,
+    SessionPersistenceCorruptionError,
+    encode_event,
+    encode_storage_lines,
+)
 from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame
-from dsh.session_persistence_jsonl._records import encode_batch, encode_header_line
+from dsh.session_persistence_jsonl._records import encode_header_line
 from dsh.session_persistence_jsonl._scan import LineScanner, decode_raw_log, decode_zstd_log
 
 from ._sessions import Builder, storage
@@ -144,11 +148,11 @@ def test_packed_rows_expand_and_malformed_rows_are_defects() -> None:
 def test_pack_chunks_writes_rows_and_unpacked_is_one_event_per_line() -> None:
     b = Builder()
     b.turn(0, steps=1, tokens=5)
-    packed = encode_batch(b.events, True)
-    plain = encode_batch(b.events, False)
+    packed = encode_storage_lines(b.events, pack_chunks=True)
+    plain = encode_storage_lines(b.events, pack_chunks=False)
     assert b'"type":"text-chunks"' in packed
     assert plain == b"".join(encode_event(e) + b"\n" for e in b.events)
-    for body in (packed, plain, plain + encode_batch([], True)):
+    for body in (packed, plain, plain + encode_storage_lines([], pack_chunks=True)):
         assert decode_raw_log(HEADER + body, PATH).events == b.events
 
 
@@ -290,112 +294,3 @@ def test_zstd_apparent_torn_frame_followed_by_complete_frame_is_corruption() -> 
         SessionPersistenceCorruptionError, match=rf"apparent torn frame at byte {start} is followed by a complete frame"
     ):
         decode_zstd_log(bytes(buf), PATH)
-
-
-def _generic_row_events(line: bytes) -> list[Any]:
-    """The reference expansion: row -> wire dicts -> ``decode_event`` per member."""
-    from dsh.session_persistence._chunk_rows import expand_chunk_row
-    from dsh.session_persistence._events import decode_event
-
-    members = expand_chunk_row(json.loads(line))
-    assert members is not None
-    return [decode_event(m) for m in members]
-
-
-@pytest.mark.parametrize(
-    ("tag", "extra"),
-    [
-        ("text-chunks", {"texts": ["a", "", "é开"]}),
-        ("reasoning-chunks", {"texts": ["x", "y", "z", "w"]}),
-        ("tool-call-chunks", {"id": "c1", "args": ['{"a"', ":", "1}"]}),
-        ("tool-call-chunks", {"id": "c1", "name": "read", "args": ["", "{", "}"]}),
-    ],
-)
-def test_row_fast_path_builds_the_same_events_as_the_generic_expansion(tag: str, extra: dict[str, Any]) -> None:
-    from dsh.session_persistence._events import encode_event
-    from dsh.session_persistence_jsonl._records import decode_line
-
-    payload = extra.get("texts", extra.get("args"))
-    assert payload is not None
-    dt = [3, -1, 2**40][: len(payload) - 1]
-    row = {"type": tag, "seq0": 7, "time0": -5, "data": {"turn": 2, "step": 1, "index": 3, "dt": dt, **extra}}
-    line = json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode()
-    events = decode_line(line)
-    expected = _generic_row_events(line)
-    assert events == expected
-    assert [encode_event(e) for e in events] == [encode_event(e) for e in expected]
-
-
-@pytest.mark.parametrize("field", ["turn", "step", "index"])
-def test_row_with_negative_number_reports_the_member_error(field: str) -> None:
-    # Valid as a row (safe ints), invalid as events (counts are non-negative): the member's own error is reported.
-    from dsh.session_persistence_jsonl._records import LineDefect, decode_line
-
-    data = {"turn": 0, "step": 0, "index": 0, "dt": [1, 1], "texts": ["a", "b", "c"], field: -1}
-    line = json.dumps({"type": "text-chunks", "seq0": 1, "time0": 5, "data": data}).encode()
-    with pytest.raises(LineDefect, match=r'invalid session event "assistant/chunk" at seq 1: Expected `int` >= 0'):
-        decode_line(line)
-
-
-def _row_outcome_reference(line: bytes) -> tuple[str, Any]:
-    """What the generic path gives: ChunkRowError text, a member's EventValidationError text, or the events."""
-    from dsh.session_persistence._chunk_rows import expand_chunk_row
-    from dsh.session_persistence._events import decode_event, event_to_builtins
-
-    try:
-        members = expand_chunk_row(json.loads(line))
-        assert members is not None
-        return ("ok", [event_to_builtins(decode_event(m)) for m in members])
-    except ValueError as exc:
-        return ("error", str(exc))
-
-
-def _row_outcome(line: bytes) -> tuple[str, Any]:
-    from dsh.session_persistence._events import event_to_builtins
-    from dsh.session_persistence_jsonl._records import LineDefect, decode_line
-
-    try:
-        return ("ok", [event_to_builtins(e) for e in decode_line(line)])
-    except LineDefect as exc:
-        return ("error", str(exc))
-
-
-def _row_variants() -> list[dict[str, Any]]:
-    big = 2**53 - 1
-    bases: list[dict[str, Any]] = [
-        {"type": "text-chunks", "seq0": 4, "time0": 10, "data": {"turn": 1, "step": 2, "index": 0, "dt": [1, 2], "texts": ["a", "b", "c"]}},
-        {"type": "reasoning-chunks", "seq0": 4, "time0": 10, "data": {"turn": 1, "step": 2, "index": 0, "dt": [0, 0], "texts": ["a", "b", "c"]}},
-        {"type": "tool-call-chunks", "seq0": 4, "time0": 10, "data": {"turn": 1, "step": 2, "index": 1, "dt": [1, 1], "id": "c", "args": ["{", "", "}"]}},
-        {"type": "tool-call-chunks", "seq0": 4, "time0": 10, "data": {"turn": 1, "step": 2, "index": 1, "dt": [1, 1], "id": "c", "name": "n", "args": ["{", "", "}"]}},
-    ]  # fmt: skip
-    bad_numbers: list[Any] = [-1, big, big + 1, -big - 1, 1.0, 1.5, True, None, "1", [1]]
-    out: list[dict[str, Any]] = []
-    for base in bases:
-        payload = "args" if "args" in base["data"] else "texts"
-        out.append(base)
-        for key in ("seq0", "time0"):
-            out += [dict(base, **{key: v}) for v in bad_numbers]
-        for key in ("turn", "step", "index"):
-            out += [dict(base, data=dict(base["data"], **{key: v})) for v in bad_numbers]
-        for dt in ([], [1], [1, 2, 3], [True, 1], [1.0, 1], [big, 1], [big + 1, 0], [-big - 1, 0], "12", None):
-            out.append(dict(base, data=dict(base["data"], dt=dt)))
-        out.append(dict(base, time0=big - 2, data=dict(base["data"], dt=[1, 2])))  # last member's time overflows
-        out.append(dict(base, time0=-big, data=dict(base["data"], dt=[-1, 1])))
-        out.append(dict(base, seq0=big - 2))  # last member's seq is 2**53
-        for members in ([], ["a"], [1, "a", "b"], ["a", None, "b"], "abc", None, [True, "a", "b"]):
-            out.append(dict(base, data=dict(base["data"], **{payload: members})))
-        for extra in ({"x": 1}, {"name": 5}, {"id": 5}, {"id": None}, {"name": None}):
-            out.append(dict(base, data={**base["data"], **extra}))
-        out.append(dict(base, data={k: v for k, v in base["data"].items() if k != "turn"}))
-        out.append(dict(base, extra=1))
-        out.append({k: v for k, v in base.items() if k != "time0"})
-        out.append(dict(base, data=[1]))
-    return out
-
-
-@pytest.mark.parametrize("row", _row_variants())
-def test_row_fast_path_agrees_with_the_generic_path(row: dict[str, Any]) -> None:
-    # decode_line builds valid rows' events directly; every row (valid or not) must give the generic path's
-    # events or the generic path's error text.
-    line = json.dumps(row, separators=(",", ":")).encode()
-    assert _row_outcome(line) == _row_outcome_reference(line)

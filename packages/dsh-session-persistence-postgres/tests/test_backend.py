@@ -9,15 +9,16 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
-from dsh.session_persistence._backend import StorageMetadata
-from dsh.session_persistence._errors import (
+from dsh.session_persistence.backend import (
     SeqMismatchError,
     SessionAlreadyExistsError,
+    SessionEvent,
     SessionFormatUnsupportedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
+    StorageMetadata,
 )
-from dsh.session_persistence._events import OpaqueEvent, SessionEvent
+from dsh.session_persistence.events import OpaqueEvent
 from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import NAME, SCHEMA_VERSION, PostgresBackend, SchemaVersionError
 from dsh.session_persistence_postgres._codec import EventCodec

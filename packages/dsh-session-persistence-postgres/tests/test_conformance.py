@@ -6,8 +6,7 @@ import uuid
 from typing import Any
 
 import pytest
-from dsh.session_persistence._backend import SessionBackend
-from dsh.session_persistence._errors import SessionPersistenceError
+from dsh.session_persistence.backend import SessionBackend, SessionPersistenceError
 from dsh.session_persistence.testing import WORK, BackendConformance, BackendFactory, ConformanceRig, meta
 from dsh.session_persistence_postgres import PostgresBackend
 

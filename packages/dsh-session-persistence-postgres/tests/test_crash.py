@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import anyio
 import psycopg
 import pytest
-from dsh.session_persistence._backend import StorageMetadata
-from dsh.session_persistence._events import OpaqueEvent, SessionEvent
+from dsh.session_persistence.backend import SessionEvent, StorageMetadata
+from dsh.session_persistence.events import OpaqueEvent
 from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 

@@ -24,10 +24,9 @@ WRITER = textwrap.dedent(
     """
     import sys
     import anyio
-    from dsh.session_persistence._backend import StorageMetadata
-    from dsh.session_persistence._errors import SeqMismatchError, SessionAlreadyExistsError
-    from dsh.session_persistence._events import OpaqueEvent
-    from dsh.session_persistence._header import SessionHeader
+    from dsh.session_persistence.backend import SeqMismatchError, SessionAlreadyExistsError, SessionHeader
+    from dsh.session_persistence.backend import StorageMetadata
+    from dsh.session_persistence.events import OpaqueEvent
     from dsh.session_persistence_postgres import PostgresBackend
 
     dsn, schema, sid, tag, size = sys.argv[1:6]

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import pytest
-from dsh.session_persistence._backend import StorageMetadata
-from dsh.session_persistence._errors import UnsupportedOperationError
+from dsh.session_persistence.backend import StorageMetadata, UnsupportedOperationError
 from dsh.session_persistence.testing import meta, one_turn_log
 from dsh.session_persistence_postgres import PostgresBackend
 

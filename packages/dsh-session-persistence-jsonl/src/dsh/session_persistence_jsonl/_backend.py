@@ -18,20 +18,23 @@ from typing import ClassVar, TypeVar
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from dsh.session_persistence._backend import (
+from dsh.session_persistence.backend import (
+    ListQuery,
     RawArtifact,
     SalvagedLog,
+    SessionAlreadyExistsError,
+    SessionEvent,
+    SessionHeader,
+    SessionListing,
     SessionLocation,
+    SessionNotFoundError,
     SessionSnapshot,
     StorageMetadata,
     StoredArtifact,
     StoredPrefix,
     StoredSuffix,
+    encode_storage_lines,
 )
-from dsh.session_persistence._errors import SessionAlreadyExistsError, SessionNotFoundError
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._header import SessionHeader
-from dsh.session_persistence._listing import ListQuery, SessionListing
 
 from ._discovery import check_identity, check_target_dir, find_transcript, list_transcripts, preflight
 from ._frames import FrameError, compress_frame, decode_frame, scan_frames
@@ -47,7 +50,7 @@ from ._fs import (
 )
 from ._layout import Compression, encode_segment, project_dir_name, transcript_path
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
-from ._records import NotAHeaderError, corrupt, encode_batch, encode_header_line, parse_header_line
+from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
 from ._salvage import salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 
@@ -163,7 +166,7 @@ class JsonlBackend:
         return log, revision
 
     def _encode_batch(self, events: Sequence[SessionEvent]) -> bytes:
-        plaintext = encode_batch(events, self.pack_chunks)
+        plaintext = encode_storage_lines(events, pack_chunks=self.pack_chunks)
         if self.compression == "zstd" and plaintext:
             return compress_frame(plaintext)
         return plaintext

@@ -11,8 +11,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dsh.session_persistence._errors import SessionFormatUnsupportedError, SessionPersistenceCorruptionError
-from dsh.session_persistence._header import SessionHeader
+from dsh.session_persistence.backend import (
+    SessionFormatUnsupportedError,
+    SessionHeader,
+    SessionPersistenceCorruptionError,
+)
 
 from ._frames import FrameError, decode_frame, scan_frames
 from ._fs import is_file

@@ -14,15 +14,16 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dsh.session_persistence._backend import StoredArtifact
-from dsh.session_persistence._errors import (
+from dsh.session_persistence.backend import (
+    ListQuery,
     SessionChangedError,
+    SessionHeader,
+    SessionListing,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
+    StoredArtifact,
 )
-from dsh.session_persistence._header import SessionHeader
-from dsh.session_persistence._listing import ListQuery, SessionListing
 
 from ._discovery import _read_raw_header, _read_zstd_header, check_identity, find_transcript
 from ._fs import fsync_dir, is_file, replace_durable, revision_of

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsh.session_persistence._host import hookimpl
+from dsh.session_persistence.backend import hookimpl
 
 from ._backend import JsonlBackend
 

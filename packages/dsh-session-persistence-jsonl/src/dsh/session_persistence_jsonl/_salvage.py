@@ -9,8 +9,7 @@ kept, because later bytes cannot be trusted to continue what was lost.
 from __future__ import annotations
 
 import zstandard
-from dsh.session_persistence._backend import SalvagedLog
-from dsh.session_persistence._header import SessionHeader
+from dsh.session_persistence.backend import SalvagedLog, SessionHeader
 
 from ._frames import FrameError, decode_frame, scan_frames
 from ._records import NotAHeaderError, corrupt, parse_header_line

@@ -7,21 +7,25 @@ followed by any later valid line or frame, is committed-region corruption and ra
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zstandard
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._header import SessionHeader
+from dsh.session_persistence.backend import (
+    SessionEvent,
+    SessionHeader,
+    StorageLineError,
+    decode_storage_line,
+    decode_storage_lines,
+    first_seq_gap,
+)
 
 from ._frames import FrameError, decode_frame, decode_partial, find_later_complete_frame, scan_frames
-from ._records import LineDefect, NotAHeaderError, corrupt, decode_frame_lines, decode_line, parse_header_line
+from ._records import NotAHeaderError, corrupt, parse_header_line
 
 __all__ = ["CommittedDamage", "DecodedLog", "LineScanner", "TornTail", "decode_raw_log", "decode_zstd_log"]
 
 _RAW_FEED_CHUNK = 1 << 20
-_seq_of = operator.attrgetter("seq")
 _TORN_RECORD = "corrupt Zstandard session log: complete frame contains a torn JSONL record"
 
 
@@ -91,15 +95,17 @@ class LineScanner:
         """:meth:`feed` for a complete frame's plaintext, with every line decoded in one batch when it can be.
 
         The batch is taken only when nothing is pending (no defect, no fragment), the frame ends on LF, every line
-        decodes (:func:`decode_frame_lines`) and the seqs continue contiguously: exactly the case in which
+        decodes (:func:`decode_storage_lines`) and the seqs continue contiguously: exactly the case in which
         :meth:`_take` would accept each line in turn, so the same bookkeeping is applied at once. Anything else is
         fed line by line from the start of the frame.
         """
         if self.defect is None and not self._fragment:
-            events = decode_frame_lines(plaintext)
-            if events is not None:
-                expected = len(self.events)
-                if list(map(_seq_of, events)) == list(range(expected, expected + len(events))):
+            try:
+                events = decode_storage_lines(plaintext)
+            except StorageLineError:
+                pass
+            else:
+                if first_seq_gap(events, len(self.events)) is None:
                     self.events.extend(events)
                     self._line_no += plaintext.count(b"\n")
                     self.fed += len(plaintext)
@@ -117,37 +123,30 @@ class LineScanner:
             return
         expected = len(self.events)
         try:
-            events = decode_line(line)
-        except LineDefect as exc:
+            events = decode_storage_line(line)
+        except StorageLineError as exc:
             self.defect = f"corrupt session log: unparsable committed event at line {self._line_no}: {exc}"
             self.defect_cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
         else:
-            # Contiguous seqs (the usual case) are confirmed in one C-level comparison; the loop names the gap.
-            if list(map(_seq_of, events)) == list(range(expected, expected + len(events))):
+            gap = first_seq_gap(events, expected)
+            if gap is None:
                 self.events.extend(events)
                 self.committed = self.fed + size
-                self.fed += size
-                return
-            for i, event in enumerate(events):
-                if event.seq != expected + i:
-                    self.defect = (
-                        f"corrupt session log: seq gap in committed region at line {self._line_no} "
-                        f"(expected {expected + i}, got {event.seq})"
-                    )
-                    # A row that closes a turn was committed as a whole: its gap cannot be a torn tail.
-                    if self.strict and any(e.type == "turn/end" for e in events):
-                        raise CommittedDamage(self.defect)
-                    break
             else:
-                self.events.extend(events)
-                self.committed = self.fed + size
+                self.defect = (
+                    f"corrupt session log: seq gap in committed region at line {self._line_no} "
+                    f"(expected {expected + gap}, got {events[gap].seq})"
+                )
+                # A row that closes a turn was committed as a whole: its gap cannot be a torn tail.
+                if self.strict and any(e.type == "turn/end" for e in events):
+                    raise CommittedDamage(self.defect)
         self.fed += size
 
 
 def _decodes(line: bytes) -> bool:
     try:
-        decode_line(line)
-    except LineDefect:
+        decode_storage_line(line)
+    except StorageLineError:
         return False
     return True
 

@@ -25,7 +25,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool
 
-from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec, check_contiguous
+from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec
 from ._core import (
     IncompleteInheritedPrefixError,
     SeqMismatchError,
@@ -40,6 +40,7 @@ from ._core import (
     StoredPrefix,
     StoredSuffix,
     UnsupportedOperationError,
+    check_contiguous,
     header_to_builtins,
 )
 from ._schema import Tables, ensure_schema

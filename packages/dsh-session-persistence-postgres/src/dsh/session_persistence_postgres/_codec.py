@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import zstandard
 
-from ._core import SeqMismatchError, SessionEvent, decode_event_line, encode_event
+from ._core import SessionEvent, decode_event_line, encode_event
 
-__all__ = ["DEFAULT_COMPRESS_THRESHOLD", "EventCodec", "check_contiguous"]
+__all__ = ["DEFAULT_COMPRESS_THRESHOLD", "EventCodec"]
 
 #: Events whose encoded JSON is at least this long are stored compressed when that makes them smaller.
 DEFAULT_COMPRESS_THRESHOLD = 4096
@@ -41,12 +39,3 @@ class EventCodec:
         """The event of one row (raises ``ValueError`` or ``zstandard.ZstdError`` for a damaged row)."""
         raw = self._decompressor.decompress(body) if compressed else body
         return decode_event_line(raw)
-
-
-def check_contiguous(session_id: str, start: int, events: Sequence[SessionEvent]) -> None:
-    """Raise :class:`SeqMismatchError` unless ``events`` carry ``start, start + 1, ...``."""
-    for index, event in enumerate(events):
-        if event.seq != start + index:
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {start + index} at index {index}, got {event.seq}'
-            )

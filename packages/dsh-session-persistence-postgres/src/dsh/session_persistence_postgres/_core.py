@@ -2,33 +2,34 @@
 
 Everything the backend needs from the core comes through this one module, so the package shows exactly which
 surface a third-party backend depends on: the value types of the backend protocol, the event codec, the header
-struct, the typed errors and the hook marker's project name.
+struct, the typed errors and the hook marker.
 """
 
 from __future__ import annotations
 
-from dsh.session_persistence._backend import (
+from dsh.session_persistence.backend import (
+    IncompleteInheritedPrefixError,
+    SeqMismatchError,
+    SessionAlreadyExistsError,
+    SessionEvent,
+    SessionFormatUnsupportedError,
+    SessionHeader,
     SessionLocation,
+    SessionNotFoundError,
+    SessionPersistenceCorruptionError,
     SessionSnapshot,
     StorageMetadata,
     StoredPrefix,
     StoredSuffix,
-)
-from dsh.session_persistence._errors import (
-    IncompleteInheritedPrefixError,
-    SeqMismatchError,
-    SessionAlreadyExistsError,
-    SessionFormatUnsupportedError,
-    SessionNotFoundError,
-    SessionPersistenceCorruptionError,
     UnsupportedOperationError,
+    check_contiguous,
+    decode_event_line,
+    encode_event,
+    header_to_builtins,
+    hookimpl,
 )
-from dsh.session_persistence._events import SessionEvent, decode_event_line, encode_event
-from dsh.session_persistence._header import SessionHeader, header_to_builtins
-from dsh.session_persistence.hookspecs import PROJECT_NAME
 
 __all__ = [
-    "PROJECT_NAME",
     "IncompleteInheritedPrefixError",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
@@ -43,7 +44,9 @@ __all__ = [
     "StoredPrefix",
     "StoredSuffix",
     "UnsupportedOperationError",
+    "check_contiguous",
     "decode_event_line",
     "encode_event",
     "header_to_builtins",
+    "hookimpl",
 ]

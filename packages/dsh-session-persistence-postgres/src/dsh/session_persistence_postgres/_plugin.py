@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import pluggy
-
 from ._backend import PostgresBackend
-from ._core import PROJECT_NAME
+from ._core import hookimpl
 
 __all__ = ["dsh_session_backends"]
-
-# A third-party plugin builds its own marker from the public project name, as pluggy intends.
-hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookimpl

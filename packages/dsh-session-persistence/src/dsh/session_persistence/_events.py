@@ -87,6 +87,9 @@ __all__ = [
     "UserAbort",
     "UserMessage",
     "UserSource",
+    "check_message_shape",
+    "check_source_event_seqs",
+    "check_typed_surface",
     "decode_event",
     "decode_event_line",
     "encode_event",
@@ -582,13 +585,18 @@ def _check_surface(etype: str, seq: int, obj: dict[str, Any]) -> None:
             )
         raise EventValidationError(f'session event "{etype}" carries an invalid surfaceOp')
     if "sourceEventSeqs" in obj:
-        _check_source_seqs(etype, seq, obj["sourceEventSeqs"])
+        check_source_event_seqs(etype, seq, obj["sourceEventSeqs"])
 
 
 _INT_ONLY = {int}
 
 
-def _check_source_seqs(etype: str, seq: int, seqs: object) -> None:
+def check_source_event_seqs(etype: str, seq: int, seqs: object) -> None:
+    """Raise :class:`EventValidationError` unless ``seqs`` is a valid ``sourceEventSeqs`` for event ``seq``.
+
+    Valid: a list (or tuple) of distinct non-negative safe integers, each lower than ``seq``; empty only for an
+    ``assistant/message``.
+    """
     # Fast acceptance in C-level passes (an assistant/message names every chunk it was built from, so these lists
     # are long): exact ints, all in [0, seq), no repeats. ``seq`` is a checked safe integer, so the members are too.
     # Anything else takes the loop below, which decides and names the defect exactly as before.
@@ -615,8 +623,13 @@ def _check_source_seqs(etype: str, seq: int, seqs: object) -> None:
         seen.add(s)
 
 
-def _check_message_shape(event: SessionEvent) -> None:
-    """Message shape rules for surface events (session-core §2.1 I5)."""
+def check_message_shape(event: SessionEvent) -> None:
+    """Raise :class:`EventValidationError` when a surface event's message breaks its shape rule.
+
+    ``user/message`` carries a user message; ``assistant/message`` an assistant message with a model source;
+    ``tool/result`` a user message with a tool source and exactly one tool-result block answering that call.
+    Other events pass.
+    """
     kind = type(event)
     if kind is UserMessage:
         message: Message = event.data  # type: ignore[assignment]
@@ -664,7 +677,7 @@ def decode_event(obj: object) -> SessionEvent:
     except msgspec.ValidationError as exc:
         raise EventValidationError(f'invalid session event "{etype}" at seq {seq}: {exc}') from exc
     if cls.surface:
-        _check_message_shape(event)
+        check_message_shape(event)
     return event
 
 
@@ -705,7 +718,7 @@ def build_event(
     if source_event_seqs is not None:
         if not surface:
             return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
-        _check_source_seqs(etype, seq, source_event_seqs)
+        check_source_event_seqs(etype, seq, source_event_seqs)
     try:
         payload = msgspec.convert(data, _DATA_TYPES[etype])
     except msgspec.ValidationError:
@@ -719,8 +732,19 @@ def build_event(
         "SessionEvent",
         cls(seq=seq, time=time, data=payload, ignorable=flag, surface_op="append", source_event_seqs=seqs),  # type: ignore[call-arg]
     )
-    _check_message_shape(event)
+    check_message_shape(event)
     return event
+
+
+def check_typed_surface(event: SessionEvent) -> None:
+    """The checks of a surface event that a typed decode of its line cannot express (``sourceEventSeqs`` order
+    and repeats, the message shape); raises :class:`EventValidationError` like :func:`decode_event` would.
+    """
+    seqs = event.source_event_seqs  # type: ignore[union-attr]
+    # Typed decoding already made every member a non-negative safe int: only order and repeats are left.
+    if seqs is not UNSET and not (seqs and max(seqs) < event.seq and len(set(seqs)) == len(seqs)):
+        check_source_event_seqs(event.type, event.seq, seqs)
+    check_message_shape(event)
 
 
 def decode_event_line(line: bytes | str) -> SessionEvent:
@@ -731,11 +755,7 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
         pass
     else:
         if event.surface:
-            seqs = event.source_event_seqs  # type: ignore[union-attr]
-            # Typed decoding already made every member a non-negative safe int: only order and repeats are left.
-            if seqs is not UNSET and not (seqs and max(seqs) < event.seq and len(set(seqs)) == len(seqs)):
-                _check_source_seqs(event.type, event.seq, seqs)
-            _check_message_shape(event)
+            check_typed_surface(event)
         return event
     try:
         obj = _json_decoder.decode(line)

@@ -14,6 +14,7 @@ __all__ = [
     "SESSION_FORMAT_VERSION",
     "SessionHeader",
     "header_from_builtins",
+    "header_from_stored",
     "header_to_builtins",
 ]
 
@@ -104,6 +105,22 @@ def header_from_builtins(obj: object, *, expected_id: str | None = None) -> Sess
             raise ValueError("session header agentPreset must be a string")
         kwargs["agent_preset"] = data["agentPreset"]
     return SessionHeader(**kwargs)
+
+
+def header_from_stored(obj: object, *, expected_id: str | None = None) -> SessionHeader:
+    """A header as a backend read it back: :func:`header_from_builtins`, except that the version is kept.
+
+    Any safe-integer version is accepted and kept as it is, so that the coordinator reports a header written by
+    another format version as a format refusal (:class:`SessionFormatUnsupportedError`, "upgrade the harness"),
+    not as corruption. Every other field is validated exactly as :func:`header_from_builtins` does; a bad one,
+    or a version that is not a safe integer, raises ``ValueError``.
+    """
+    if type(obj) is dict:
+        version = obj.get("version")
+        if version != SESSION_FORMAT_VERSION and is_safe_int(version):
+            header = header_from_builtins({**obj, "version": SESSION_FORMAT_VERSION}, expected_id=expected_id)
+            return msgspec.structs.replace(header, version=version)
+    return header_from_builtins(obj, expected_id=expected_id)
 
 
 def _is_negative_zero(value: object) -> bool:

@@ -20,8 +20,8 @@ import anyio
 import msgspec
 
 from ._backend import SessionSnapshot, StorageMetadata, StoredPrefix, StoredSuffix
+from ._contiguity import check_contiguous
 from ._errors import (
-    SeqMismatchError,
     SessionAlreadyExistsError,
     SessionChangedError,
     SessionNotFoundError,
@@ -152,14 +152,6 @@ def _header(obj: dict[str, Any]) -> SessionHeader:
     return msgspec.convert(obj, SessionHeader)
 
 
-def _check_contiguous(session_id: str, start: int, events: Sequence[SessionEvent]) -> None:
-    for index, event in enumerate(events):
-        if event.seq != start + index:
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {start + index} at index {index}, got {event.seq}'
-            )
-
-
 class MemoryBackend:
     """Backend keeping sessions in a :class:`MemoryStore` (pass ``store=`` to share one across instances).
 
@@ -249,7 +241,7 @@ class MemoryBackend:
         if not is_materialized:
             if entry is not None:
                 raise SessionAlreadyExistsError(f'session "{session_id}" already has a persisted log')
-            _check_contiguous(session_id, 0, events)
+            check_contiguous(session_id, 0, events)
             if len(events) < storage.inherited_event_count:
                 raise ValueError(f'session "{session_id}" cannot materialize before its inherited prefix is complete')
             self.store._entries[session_id] = _Entry(
@@ -264,7 +256,7 @@ class MemoryBackend:
         if entry.torn is not None:
             # Appending after a torn fragment would bury it mid-log; the coordinator repairs before appending.
             raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail')
-        _check_contiguous(session_id, len(entry.lines), events)
+        check_contiguous(session_id, len(entry.lines), events)
         entry.lines.extend(lines)
         self.store._bump(entry)
 
@@ -283,7 +275,7 @@ class MemoryBackend:
             entry.torn = None
         if entry.torn is not None and closers:
             raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail')
-        _check_contiguous(session_id, len(entry.lines), closers)
+        check_contiguous(session_id, len(entry.lines), closers)
         entry.lines.extend(encode_event(e) for e in closers)
         self.store._bump(entry)
 
@@ -305,7 +297,7 @@ class MemoryBackend:
         await anyio.lowlevel.checkpoint()
         session_id = storage.meta.id
         entry = self.store._require(session_id)
-        _check_contiguous(session_id, 0, events)
+        check_contiguous(session_id, 0, events)
         entry.lines = [encode_event(e) for e in events]
         entry.torn = None
         self.store._bump(entry)
@@ -325,7 +317,7 @@ class MemoryBackend:
         entry = self.store._require(session_id)
         if self.store.revision(session_id) != expected_revision:
             raise SessionChangedError(session_id)
-        _check_contiguous(session_id, 0, events)
+        check_contiguous(session_id, 0, events)
         entry.header = header_to_builtins(storage.meta)
         entry.inherited_event_count = storage.inherited_event_count
         entry.lines = [encode_event(e) for e in events]

@@ -33,6 +33,7 @@ from ._chunk_rows import (
     pack_chunk_rows,
     row_member_count,
 )
+from ._contiguity import check_contiguous, first_seq_gap
 from ._errors import (
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
@@ -54,6 +55,8 @@ from ._errors import (
 from ._events import (
     EVENT_TYPES,
     SessionEvent,
+    check_message_shape,
+    check_source_event_seqs,
     decode_event,
     decode_event_line,
     encode_event,
@@ -61,7 +64,13 @@ from ._events import (
     first_refused_unknown,
 )
 from ._format import check_format_version, refuse_unknown_events
-from ._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
+from ._header import (
+    SESSION_FORMAT_VERSION,
+    SessionHeader,
+    header_from_builtins,
+    header_from_stored,
+    header_to_builtins,
+)
 from ._host import hookimpl
 from ._json import MAX_SAFE_INTEGER, is_safe_int
 from ._listing import (
@@ -75,20 +84,21 @@ from ._listing import (
     encode_list_cursor,
     page_of,
 )
+from ._storage_lines import StorageLineError, decode_storage_line, decode_storage_lines, encode_storage_lines
 
 __all__ = [
     "CHUNK_ROW_TAGS",
-    "EVENT_TYPES",
-    "LIST_ORDERS",
-    "MAX_SAFE_INTEGER",
-    "SESSION_FORMAT_VERSION",
     "ChunkRowError",
+    "EVENT_TYPES",
     "IncompleteInheritedPrefixError",
+    "LIST_ORDERS",
     "LifecycleArgumentError",
     "ListOrder",
     "ListPosition",
     "ListQuery",
+    "MAX_SAFE_INTEGER",
     "RawArtifact",
+    "SESSION_FORMAT_VERSION",
     "SalvagedLog",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
@@ -110,6 +120,7 @@ __all__ = [
     "SessionSnapshot",
     "SessionStorageError",
     "SessionWriteInDoubtError",
+    "StorageLineError",
     "StorageMetadata",
     "StoredArtifact",
     "StoredPrefix",
@@ -120,17 +131,25 @@ __all__ = [
     "SupportsListPage",
     "SupportsSalvage",
     "UnsupportedOperationError",
+    "check_contiguous",
     "check_format_version",
+    "check_message_shape",
+    "check_source_event_seqs",
     "decode_event",
     "decode_event_line",
     "decode_list_cursor",
+    "decode_storage_line",
+    "decode_storage_lines",
     "encode_event",
     "encode_list_cursor",
+    "encode_storage_lines",
     "event_to_builtins",
     "expand_chunk_row",
     "expand_chunk_rows",
     "first_refused_unknown",
+    "first_seq_gap",
     "header_from_builtins",
+    "header_from_stored",
     "header_to_builtins",
     "hookimpl",
     "is_safe_int",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "i18n-pairs"
 NAMES = ("README.md", "README.zh.md", "README.i18n.yaml")
 POLICY = Path("packages", "dsh-session-checkpoint-policy")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench"
 
 
 @pytest.fixture(scope="module")

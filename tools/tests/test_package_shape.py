@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHECK_SHAPE = REPO / "tools" / "check-shape"
 CORE = "dsh-session-persistence"
 CORE_LEAF = Path("packages", CORE, "src", "dsh", "session_persistence")

@@ -1,0 +1,90 @@
+"""tools/releases.toml names real builds: each entry's commit exists and carries that version of that distribution,
+every distribution's current version is at least its newest release, and every JSONL release left golden logs."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.version import Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD = REPO / "tools" / "releases.toml"
+GOLDEN = REPO / "packages" / "dsh-session-persistence-jsonl" / "tests" / "golden"
+
+
+def _record() -> list[dict[str, Any]]:
+    with RECORD.open("rb") as f:
+        releases: list[dict[str, Any]] = tomllib.load(f)["release"]
+    return releases
+
+
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False, timeout=60)
+
+
+def _version_at(commit: str, dist: str) -> str:
+    shown = _git("show", f"{commit}:packages/{dist}/pyproject.toml")
+    assert shown.returncode == 0, f"{dist} has no pyproject.toml at {commit}: {shown.stderr}"
+    project: dict[str, Any] = tomllib.loads(shown.stdout)["project"]
+    assert project["name"] == dist
+    return str(project["version"])
+
+
+def _current_version(dist: str) -> str:
+    with (REPO / "packages" / dist / "pyproject.toml").open("rb") as f:
+        return str(tomllib.load(f)["project"]["version"])
+
+
+RELEASES = _record()
+
+
+def test_record_entries_are_well_formed_and_unique() -> None:
+    seen: set[tuple[str, str]] = set()
+    for entry in RELEASES:
+        assert set(entry) == {"distribution", "version", "commit", "date"}, entry
+        assert re.fullmatch(r"[0-9a-f]{40}", entry["commit"]), f"{entry}: commit must be a full hash"
+        assert isinstance(entry["date"], datetime.date), entry
+        assert str(Version(entry["version"])) == entry["version"], f"{entry}: not a normalized version"
+        key = (entry["distribution"], entry["version"])
+        assert key not in seen, f"{key} recorded twice"
+        seen.add(key)
+
+
+@pytest.mark.parametrize("entry", RELEASES, ids=lambda e: f"{e['distribution']}-{e['version']}")
+def test_recorded_commit_carries_that_version(entry: dict[str, Any]) -> None:
+    commit = entry["commit"]
+    exists = _git("cat-file", "-e", f"{commit}^{{commit}}")
+    assert exists.returncode == 0, (
+        f"commit {commit} of {entry['distribution']} {entry['version']} is not in this clone "
+        "(a shallow clone? CI checks out with fetch-depth: 0)"
+    )
+    assert _version_at(commit, entry["distribution"]) == entry["version"]
+
+
+def test_current_versions_never_go_below_a_release() -> None:
+    newest: dict[str, Version] = {}
+    for entry in RELEASES:
+        version = Version(entry["version"])
+        newest[entry["distribution"]] = max(version, newest.get(entry["distribution"], version))
+    for dist, released in newest.items():
+        if (REPO / "packages" / dist).is_dir():
+            assert Version(_current_version(dist)) >= released, f"{dist} is older than its release {released}"
+
+
+def test_every_jsonl_release_left_golden_logs() -> None:
+    """A JSONL release without golden logs would leave its format unguarded (golden/generate.py writes them)."""
+    versions = [e["version"] for e in RELEASES if e["distribution"] == "dsh-session-persistence-jsonl"]
+    assert versions
+    for version in versions:
+        assert (GOLDEN / f"v{version}" / "expected.json").is_file(), f"no golden logs for JSONL {version}"
