@@ -49,6 +49,7 @@ from ._fs import (
     truncate_durable,
 )
 from ._layout import Compression, encode_segment, project_dir_name, transcript_path
+from ._lease import JsonlWriterLease, acquire_lease
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
 from ._salvage import salvage_raw, salvage_zstd
@@ -434,8 +435,18 @@ class JsonlBackend:
 
         await self._run_shielded(work)
 
+    async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
+        """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.
+
+        Refused at once with ``SessionLockedError`` (naming the holder's pid and host) while another process, or
+        another backend instance in this one, holds it; the kernel releases it when its holder dies.
+        """
+        session_dir = os.path.dirname(self._path_for(meta))
+        return await self._run_shielded(lambda: acquire_lease(self.root, session_dir, meta.id))
+
     async def aclose(self) -> None:
-        """Nothing to release: no descriptor outlives a primitive call."""
+        """Nothing to release: no descriptor outlives a primitive call (writer leases are released by their
+        holder, the coordinator)."""
 
 
 def _exists_error(message: str, path: str) -> SessionLogExistsError:

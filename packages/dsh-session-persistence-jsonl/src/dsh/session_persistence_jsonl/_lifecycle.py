@@ -28,6 +28,7 @@ from dsh.session_persistence.backend import (
 from ._discovery import _read_raw_header, _read_zstd_header, check_identity, find_transcript
 from ._fs import fsync_dir, is_file, replace_durable, revision_of
 from ._layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, Compression, decode_segment, project_key, suffix_for
+from ._lease import acquire_lease
 from ._records import NotAHeaderError, parse_header_line
 
 __all__ = ["compact_transcript", "delete_transcript", "list_artifacts", "list_rows"]
@@ -138,18 +139,23 @@ def delete_transcript(
     path = find_transcript(root, session_id, compression, checkpoint)
     if path is None:
         raise SessionNotFoundError(session_id)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise SessionNotFoundError(session_id) from None
-    if expected_revision is not None and revision_of(st) != expected_revision:
-        raise SessionChangedError(session_id)
     session_dir = os.path.dirname(path)
+    # Under the session's writer lease: a live writer in any process refuses the deletion (naming itself).
+    lease = acquire_lease(root, session_dir, session_id)
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        raise SessionNotFoundError(session_id) from None
-    fsync_dir(session_dir)
+        if expected_revision is not None and revision_of(os.stat(path)) != expected_revision:
+            raise SessionChangedError(session_id)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            raise SessionNotFoundError(session_id) from None
+        fsync_dir(session_dir)
+        # The lock file goes while still locked: a writer that opened it meanwhile finds the inode gone
+        # from the path and retries on a fresh one, so it can never lock a file nobody else can see.
+        with contextlib.suppress(OSError):
+            os.unlink(lease.path)
+    finally:
+        lease.release_sync()
     # The session directory goes too when nothing else lives in it; a leftover is harmless (lists as nothing).
     with contextlib.suppress(OSError):
         os.rmdir(session_dir)

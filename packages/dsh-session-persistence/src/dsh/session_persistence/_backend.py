@@ -31,6 +31,14 @@ __all__ = [
     "SupportsDelete",
     "SupportsListPage",
     "SupportsSalvage",
+    "SupportsAclose",
+    "SupportsLocate",
+    "SupportsMaterializeHeader",
+    "SupportsRawArtifacts",
+    "SupportsRewrite",
+    "SupportsSeek",
+    "SupportsWriterLease",
+    "WriterLease",
 ]
 
 
@@ -95,11 +103,12 @@ class RawArtifact:
 
 @runtime_checkable
 class SessionBackend(Protocol):
-    """Durable primitives a backend provides. Optional ones are looked up with ``getattr``:
+    """Durable primitives every backend provides.
 
-    ``load_stored_from(id, from_seq) -> StoredSuffix | None``, ``materialize_header(storage)``,
-    ``rewrite(storage, events)``, ``locate(meta) -> SessionLocation | None``, ``read_raw(id) -> RawArtifact | None``
-    (with ``supports_raw_artifacts = True``), ``aclose()``.
+    Optional primitives are separate protocols a backend may also satisfy (:class:`SupportsSeek`,
+    :class:`SupportsMaterializeHeader`, :class:`SupportsRewrite`, :class:`SupportsLocate`,
+    :class:`SupportsRawArtifacts`, :class:`SupportsAclose`, :class:`SupportsWriterLease`); the coordinator
+    checks them once, when it is built.
     """
 
     @property
@@ -149,8 +158,10 @@ class SupportsDelete(Protocol):
         """Durably remove the stored log: once this returns no ``load``/``list`` sees it, even after a crash.
 
         Raises ``SessionNotFoundError`` if nothing is stored under the id, and ``SessionChangedError`` (deleting
-        nothing) when ``expected_revision`` is given and the stored revision is another one. A crash part-way
-        leaves either the whole log or no log, never a readable fragment.
+        nothing) when ``expected_revision`` is given and the stored revision is another one. A backend with a
+        writer lease takes it for the deletion and raises ``SessionLockedError`` (naming the holder, deleting
+        nothing) while another writer holds it. A crash part-way leaves either the whole log or no log, never a
+        readable fragment.
         """
         ...
 
@@ -234,3 +245,82 @@ class SupportsSalvage(Protocol):
     async def load_salvage(self, session_id: str) -> SalvagedLog | None:
         """The longest decodable prefix; ``None`` if absent. A header that cannot be read still raises."""
         ...
+
+
+# Optional primitives: each one a protocol, resolved once when the coordinator is built.
+
+
+@runtime_checkable
+class SupportsSeek(Protocol):
+    """A seek read: header, cut and only the events with ``seq >= from_seq`` (``None`` if absent).
+
+    Non-mutating, no torn marker; past the end it returns an empty ``events`` list, not ``None``.
+    """
+
+    async def load_stored_from(self, session_id: str, from_seq: int) -> StoredSuffix | None: ...
+
+
+@runtime_checkable
+class SupportsMaterializeHeader(Protocol):
+    """Durably create a header-only artifact; must refuse (never clobber) when one already exists."""
+
+    async def materialize_header(self, storage: StorageMetadata) -> None: ...
+
+
+@runtime_checkable
+class SupportsRewrite(Protocol):
+    """Atomically replace the whole event log with a contiguous prefix (possibly empty), header and cut kept."""
+
+    async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None: ...
+
+
+@runtime_checkable
+class SupportsLocate(Protocol):
+    """Where the artifact of ``meta`` lives or would live (no I/O), ``None`` without one artifact per session."""
+
+    def locate(self, meta: SessionHeader) -> SessionLocation | None: ...
+
+
+@runtime_checkable
+class SupportsRawArtifacts(Protocol):
+    """The stored artifact verbatim (``None`` if absent); only used when ``supports_raw_artifacts`` is true."""
+
+    supports_raw_artifacts: bool
+
+    async def read_raw(self, session_id: str) -> RawArtifact | None: ...
+
+
+@runtime_checkable
+class SupportsAclose(Protocol):
+    """Release the backend's handles; awaited once, after the coordinator's final drain."""
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class WriterLease(Protocol):
+    """An exclusive right to write one session, held until :meth:`release` (idempotent).
+
+    ``holder`` describes this writer as another one would see it (for example ``"pid 4242 on host-a"``).
+    """
+
+    @property
+    def holder(self) -> str | None: ...
+
+    async def release(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsWriterLease(Protocol):
+    """One writer per session: take the session's exclusive writer lease, or refuse at once.
+
+    ``acquire_writer_lease(meta)`` returns a :class:`WriterLease`, or raises
+    :class:`~dsh.session_persistence.SessionLockedError` (naming the holder where known) if another writer, in
+    this process or another one, holds it. It never waits for the other writer. ``meta`` is the header the
+    session is (or will be) stored under, so a file backend can keep the lock next to the artifact. A lease
+    must end when its holder dies (a kernel lock, a database session), so no stale lease needs cleaning. A
+    backend without this primitive gives no cross-writer exclusion: two writers are then detected only by the
+    backend's own checks (seq contiguity, an exclusive first publication).
+    """
+
+    async def acquire_writer_lease(self, meta: SessionHeader) -> WriterLease: ...

@@ -2,9 +2,14 @@
 
 The :class:`~dsh.session_persistence.PersistenceCoordinator` keeps one thin method per operation and delegates
 here. Each operation that changes storage runs serialized on the session id (after any earlier call on it), is
-refused for a session that is live in this process (:class:`SessionLiveError`) and leaves storage untouched
-when it refuses. The backend primitives are optional (``SupportsDelete``, ``SupportsListPage``,
-``SupportsCompact``); a backend without one raises :class:`UnsupportedOperationError`.
+refused for a session that is live in this process (:class:`SessionLiveError`) or whose writer lease another
+writer holds (:class:`SessionLockedError`, naming the holder), and leaves storage untouched when it refuses.
+Compaction takes the writer lease through the coordinator like every rewrite; a deletion hands the id to the
+backend, which takes the lease itself for the unlink (so a damaged log whose header cannot be read can still
+be deleted), after this coordinator gave back any lease it held for the cold id.
+
+The backend primitives are optional (``SupportsDelete``, ``SupportsListPage``, ``SupportsCompact``); a backend
+without one raises :class:`UnsupportedOperationError`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ._backend import StorageMetadata, SupportsCompact, SupportsDelete, SupportsListPage
+from ._cold_path import prepare
 from ._errors import (
     LifecycleArgumentError,
     SessionChangedError,
@@ -75,10 +81,11 @@ def _require(coordinator: PersistenceCoordinator, kind: type, what: str) -> obje
 
 def _refuse_live(coordinator: PersistenceCoordinator, session_id: str, action: str) -> None:
     # A session owned by a live Session in this process (or being published) must not change underneath it.
-    state = coordinator._states.get(session_id)
-    if coordinator._live_session(session_id) is not None or (state is not None and state.owner is not None):
+    core = coordinator._core
+    state = core.states.get(session_id)
+    if core.live_session(session_id) is not None or (state is not None and state.owner is not None):
         raise SessionLiveError(f'cannot {action} session "{session_id}": it is live in this process')
-    if coordinator._reservations.get(session_id):
+    if core.reservations.get(session_id):
         raise SessionLiveError(f'cannot {action} session "{session_id}": it is being loaded')
 
 
@@ -124,18 +131,22 @@ async def delete(coordinator: PersistenceCoordinator, session_id: str, expected_
     if type(session_id) is not str or not session_id:
         raise LifecycleArgumentError(f"session id must be a non-empty string, got {session_id!r}")
     _refuse_live(coordinator, session_id, "delete")
-    await coordinator._wait_retirement(session_id)
+    await coordinator._retirement.wait(session_id)
+    core = coordinator._core
 
-    async def core() -> None:
+    async def run() -> None:
         _refuse_live(coordinator, session_id, "delete")
+        # A cold id may still hold this coordinator's lease (a load that repaired it); the backend takes the
+        # lease itself for the unlink, and a lease held here would refuse it.
+        await core.leases.release(session_id)
         with anyio.CancelScope(shield=True):
             await backend.delete(session_id, expected_revision)
         # An ownerless cold state would otherwise let a later append continue a log that no longer exists.
-        state = coordinator._states.get(session_id)
+        state = core.states.get(session_id)
         if state is not None and state.owner is None:
-            del coordinator._states[session_id]
+            del core.states[session_id]
 
-    await coordinator._serialized(session_id, core)
+    await core.chains.run(session_id, run)
 
 
 async def compact(coordinator: PersistenceCoordinator, session_id: str) -> CompactResult:
@@ -148,24 +159,32 @@ async def compact(coordinator: PersistenceCoordinator, session_id: str) -> Compa
     backend = _require(coordinator, SupportsCompact, "compaction")
     assert isinstance(backend, SupportsCompact)
     _refuse_live(coordinator, session_id, "compact")
-    await coordinator._wait_retirement(session_id)
+    await coordinator._retirement.wait(session_id)
+    core = coordinator._core
 
-    async def core() -> CompactResult:
+    async def run() -> CompactResult:
         _refuse_live(coordinator, session_id, "compact")
-        prepared = await coordinator._prepare(session_id)
-        stored = prepared.stored
-        if stored.torn_marker is not None or prepared.closers:
-            raise SessionNeedsRepairError(session_id)
-        storage = StorageMetadata(stored.meta, stored.inherited_event_count)
-        with anyio.CancelScope(shield=True):
-            await backend.compact(storage, stored.events, stored.revision)
-        state = coordinator._states.get(session_id)
+        first = await prepare(core, session_id)
+        taken = await core.leases.acquire(first.stored.meta)
+        try:
+            # Re-read under the lease: the view read before it may already be stale.
+            prepared = await prepare(core, session_id) if taken else first
+            stored = prepared.stored
+            if stored.torn_marker is not None or prepared.closers:
+                raise SessionNeedsRepairError(session_id)
+            storage = StorageMetadata(stored.meta, stored.inherited_event_count)
+            with anyio.CancelScope(shield=True):
+                await backend.compact(storage, stored.events, stored.revision)
+            after = await core.backend.read_stored_revision(session_id)
+        finally:
+            if taken:
+                await core.leases.release(session_id)
+        state = core.states.get(session_id)
         if state is not None:
             state.storage = storage
-        after = await coordinator.backend.read_stored_revision(session_id)
         return CompactResult(session_id, len(stored.events), stored.revision, after)
 
-    return await coordinator._serialized(session_id, core)
+    return await core.chains.run(session_id, run)
 
 
 def _now_ms(now: datetime | int | None) -> int:

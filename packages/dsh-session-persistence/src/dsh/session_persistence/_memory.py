@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import os
+import socket
 import time
 import uuid
 from collections.abc import Sequence
@@ -24,6 +26,7 @@ from ._contiguity import check_contiguous
 from ._errors import (
     SessionAlreadyExistsError,
     SessionChangedError,
+    SessionLockedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
 )
@@ -31,7 +34,7 @@ from ._events import SessionEvent, decode_event_line, encode_event
 from ._header import SessionHeader, header_to_builtins
 from ._listing import ListQuery, SessionListing, page_of
 
-__all__ = ["MemoryBackend", "MemoryStore"]
+__all__ = ["MemoryBackend", "MemoryLease", "MemoryStore"]
 
 #: What an injected torn tail looks like: the first bytes of a line that never finished.
 DEFAULT_TORN_FRAGMENT = b'{"type":"turn/end","seq":'
@@ -60,6 +63,13 @@ class MemoryStore:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _leases: dict[str, MemoryLease] = field(default_factory=dict)
+    _lease_numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def lease_holder(self, session_id: str) -> str | None:
+        """Who holds the writer lease of ``session_id`` (``None`` when nobody does)."""
+        lease = self._leases.get(session_id)
+        return None if lease is None else lease.holder
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._entries
@@ -152,11 +162,30 @@ def _header(obj: dict[str, Any]) -> SessionHeader:
     return msgspec.convert(obj, SessionHeader)
 
 
+class MemoryLease:
+    """A writer lease of a :class:`MemoryStore`: exclusive per store and session id, until :meth:`release`."""
+
+    def __init__(self, store: MemoryStore, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._holder = f"pid {os.getpid()} on {socket.gethostname()} (memory lease {next(store._lease_numbers)})"
+
+    @property
+    def holder(self) -> str:
+        return self._holder
+
+    async def release(self) -> None:
+        """Give the lease back (idempotent)."""
+        if self._store._leases.get(self._session_id) is self:
+            del self._store._leases[self._session_id]
+
+
 class MemoryBackend:
     """Backend keeping sessions in a :class:`MemoryStore` (pass ``store=`` to share one across instances).
 
     Every write is atomic (it happens between two checkpoints, with nothing awaited in the middle). Supports the
-    optional ``materialize_header``, ``rewrite`` and ``load_stored_from``; ``locate`` returns ``None`` (there is no
+    optional ``materialize_header``, ``rewrite``, ``load_stored_from`` and ``acquire_writer_lease`` (one writer per
+    session and store, across every instance sharing the store); ``locate`` returns ``None`` (there is no
     artifact path) and raw artifacts are not supported.
     """
 
@@ -227,6 +256,16 @@ class MemoryBackend:
     def locate(self, meta: SessionHeader) -> None:
         """No per-session artifact path: always ``None``."""
         return None
+
+    async def acquire_writer_lease(self, meta: SessionHeader) -> MemoryLease:
+        """The store-wide exclusive writer lease of ``meta.id``; :class:`SessionLockedError` if it is held."""
+        await anyio.lowlevel.checkpoint()
+        held = self.store._leases.get(meta.id)
+        if held is not None:
+            raise SessionLockedError(meta.id, held.holder)
+        lease = MemoryLease(self.store, meta.id)
+        self.store._leases[meta.id] = lease
+        return lease
 
     # -- writes (each one atomic) ------------------------------------------------------------------------
 
@@ -306,6 +345,9 @@ class MemoryBackend:
         """Remove the entry in one step; unknown ids raise, a moved revision refuses (nothing removed)."""
         await anyio.lowlevel.checkpoint()
         self.store._require(session_id)
+        held = self.store._leases.get(session_id)
+        if held is not None:
+            raise SessionLockedError(session_id, held.holder)
         if expected_revision is not None and self.store.revision(session_id) != expected_revision:
             raise SessionChangedError(session_id)
         del self.store._entries[session_id]

@@ -47,6 +47,8 @@ from .._errors import (
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
+    SessionStorageError,
+    SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
 from .._events import (
@@ -858,18 +860,23 @@ class BackendConformance(LifecycleConformance):
     # Injected write failures (FaultInjectingBackend)
 
     async def test_failed_append_changes_nothing_and_can_be_retried(self, conformance: ConformanceRig) -> None:
-        """A failed first batch materializes nothing; a failed later batch leaves the cursor; retries succeed."""
+        """A failed first batch materializes nothing; a failed later batch leaves the cursor; retries succeed.
+
+        The failure surfaces as a :class:`SessionStorageError` with the backend's error chained (never a bare
+        ``OSError``), after the coordinator read the stored state back and found nothing of the batch.
+        """
         backend = FaultInjectingBackend(conformance.new_backend())
         async with conformance.open(backend) as p:
             await p.persistence.create(meta("retry"))
             backend.fail_appends(1)
-            with pytest.raises(InjectedFault):
+            with pytest.raises(SessionStorageError) as info:
                 await p.persistence.append("retry", one_turn_log())
+            assert isinstance(info.value.__cause__, InjectedFault)
             assert await p.persistence.list() == []
             assert await conformance.stored("retry") is None
             await p.persistence.append("retry", one_turn_log())
             backend.fail_appends(1)
-            with pytest.raises(InjectedFault):
+            with pytest.raises(SessionStorageError):
                 await p.persistence.append("retry", simple_turn(6, 2))
             assert await conformance.stored_events("retry") == one_turn_log()
             await p.persistence.append("retry", simple_turn(6, 2))
@@ -884,7 +891,7 @@ class BackendConformance(LifecycleConformance):
             await p.store.flush(session)
             backend.fail_appends(1)
             _append_live(session, simple_turn(6, 2))
-            with pytest.raises(InjectedFault):
+            with pytest.raises(SessionStorageError):
                 await p.store.flush(session)
             assert await conformance.stored_events("retained") == one_turn_log()
             _append_live(session, simple_turn(9, 3))
@@ -908,14 +915,15 @@ class BackendConformance(LifecycleConformance):
     async def test_lost_acknowledgement_after_durable_write(self, conformance: ConformanceRig) -> None:
         """A batch the backend made durable survives a crash that lost the acknowledgement."""
         backend = FaultInjectingBackend(conformance.new_backend())
-        async with conformance.open(backend, delay_ms=NEVER_MS, drain_failure=InjectedFault) as p:
+        async with conformance.open(backend, delay_ms=NEVER_MS, drain_failure=SessionStorageError) as p:
             session = p.store.create("unacked", meta=meta("unacked"))
             _append_live(session, one_turn_log())
             await p.store.flush(session)
             backend.fail_appends(1, when="after")
-            backend.fail_appends(None)  # then the process is gone: nothing else reaches storage
+            backend.fail_reads(None)  # and the process is gone: the read-back cannot settle it either
+            backend.fail_appends(None)
             _append_live(session, simple_turn(6, 2))
-            with pytest.raises(InjectedFault):
+            with pytest.raises(SessionWriteInDoubtError):
                 await p.store.flush(session)
         async with conformance.open() as p:
             loaded = await p.persistence.load("unacked")

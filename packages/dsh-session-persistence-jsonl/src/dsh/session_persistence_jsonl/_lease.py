@@ -1,0 +1,144 @@
+"""The JSONL writer lease: an exclusive kernel lock on ``session.lock`` in the session's directory.
+
+``flock(LOCK_EX | LOCK_NB)`` on a descriptor of its own: the lock belongs to that open file description, so a
+second writer is refused whether it is another process or another backend instance in this one, and the
+kernel drops the lock when the holder closes it or dies (SIGKILL included): there is never a stale lock to
+clean up. The holder writes its pid and host name into the file so that a refused writer can name it; that
+text is informative only (the lock, not the text, decides).
+
+Blocking code for a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import stat
+import threading
+
+from dsh.session_persistence.backend import SessionLockedError, SessionStorageError
+
+__all__ = ["LOCK_FILENAME", "JsonlWriterLease", "acquire_lease", "read_holder"]
+
+#: The lock file's name inside the session directory, next to the transcript.
+LOCK_FILENAME = "session.lock"
+
+_FILE_MODE = 0o600
+_DIR_MODE = 0o700
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_HOLDER_MAX = 4096
+
+
+def _describe(info: object) -> str | None:
+    if not isinstance(info, dict):
+        return None
+    pid, host = info.get("pid"), info.get("host")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return None
+    return f"pid {pid} on {host}" if isinstance(host, str) and host else f"pid {pid}"
+
+
+def read_holder(fd: int) -> str | None:
+    """The holder a lock file names (``"pid 4242 on host-a"``), ``None`` if it names none readable."""
+    try:
+        raw = os.pread(fd, _HOLDER_MAX, 0)
+        return _describe(json.loads(raw))
+    except (OSError, ValueError):
+        return None
+
+
+class JsonlWriterLease:
+    """A held JSONL writer lease: the locked descriptor, closed (and so unlocked) by :meth:`release`."""
+
+    def __init__(self, fd: int, path: str, holder: str) -> None:
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+        self.path = path
+        self._holder = holder
+
+    @property
+    def holder(self) -> str:
+        """This writer, as a refused one sees it (``"pid 4242 on host-a"``)."""
+        return self._holder
+
+    def release_sync(self) -> None:
+        """Close the descriptor, which releases the lock (idempotent)."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    async def release(self) -> None:
+        """Release the lease (closing one descriptor never blocks, so no worker thread is needed)."""
+        self.release_sync()
+
+    def __repr__(self) -> str:
+        state = "released" if self._fd is None else "held"
+        return f"<JsonlWriterLease {self.path!r} {state}>"
+
+
+def _ensure_dirs(root: str, session_dir: str) -> None:
+    """Create the missing directories from ``root`` down to ``session_dir`` (0700), never through a symlink."""
+    missing: list[str] = []
+    probe = session_dir
+    while True:
+        try:
+            st = os.lstat(probe)
+        except FileNotFoundError:
+            missing.append(probe)
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                break
+            probe = parent
+            continue
+        if not stat.S_ISDIR(st.st_mode) and probe != root:
+            raise NotADirectoryError(f'"{probe}" is not a directory')
+        break
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, _DIR_MODE)
+
+
+def acquire_lease(root: str, session_dir: str, session_id: str) -> JsonlWriterLease:
+    """Take the exclusive writer lease of the session kept in ``session_dir``, or raise
+    :class:`SessionLockedError` naming its holder at once (never waits)."""
+    path = os.path.join(session_dir, LOCK_FILENAME)
+    try:
+        _ensure_dirs(root, session_dir)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = read_holder(fd)
+                os.close(fd)
+                raise SessionLockedError(session_id, holder) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            # The locked inode must still be the one at the path (a removed session directory would
+            # otherwise leave two writers locking two different files).
+            try:
+                current = os.stat(path, follow_symlinks=False)
+                mine = os.fstat(fd)
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            if (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+                os.close(fd)
+                continue
+            host = socket.gethostname()
+            pid = os.getpid()
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps({"pid": pid, "host": host}).encode(), 0)
+            except BaseException:
+                os.close(fd)
+                raise
+            return JsonlWriterLease(fd, path, _describe({"pid": pid, "host": host}) or f"pid {pid}")
+    except OSError as exc:
+        raise SessionStorageError.from_os_error("taking the writer lease", exc, path) from exc
