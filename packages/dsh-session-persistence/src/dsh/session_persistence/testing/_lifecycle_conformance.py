@@ -17,12 +17,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._backend import SessionBackend, SupportsCompact, SupportsDelete, SupportsListPage
+from .._backend import SessionBackend, SupportsCompact, SupportsDelete, SupportsListPage, SupportsWriterLease
 from .._errors import (
     LifecycleArgumentError,
     SessionChangedError,
     SessionCursorError,
     SessionLiveError,
+    SessionLockedError,
     SessionNeedsRepairError,
     SessionNotFoundError,
 )
@@ -248,6 +249,37 @@ class LifecycleConformance:
             p.store.dispose(session)
         assert await conformance.revision("cold") == before
         assert await conformance.stored_events("cold") == one_turn_log()
+
+    async def test_another_writers_lease_refuses_delete_compact_and_prune(self, conformance: ConformanceRig) -> None:
+        """A session another writer holds (a second instance over the same storage) is never deleted or
+        rewritten: ``SessionLockedError`` names the holder, prune skips it, and the log is unchanged."""
+        async with conformance.backend() as backend:
+            self._need(backend, SupportsDelete)
+            if not isinstance(backend, SupportsWriterLease):
+                pytest.skip(f"{type(backend).__name__} has no writer lease")
+        async with conformance.open() as p:
+            await p.persistence.create(meta("held", WORK))
+            await p.persistence.append("held", one_turn_log())
+        async with conformance.open() as writer:
+            session = writer.store.create("held", seed=one_turn_log(), meta=meta("held", WORK))
+            session.append_event(turn_start(len(session.events), 2))
+            assert await writer.store.flush(session) is True
+            written = list(session.events)
+            before = await conformance.revision("held")
+            async with conformance.open() as other:
+                with pytest.raises(SessionLockedError) as refused:
+                    await other.persistence.delete("held")
+                assert refused.value.holder
+                if isinstance(other.backend, SupportsCompact):
+                    with pytest.raises(SessionLockedError):
+                        await other.persistence.compact("held")
+                if isinstance(other.backend, SupportsListPage):
+                    report = await other.persistence.prune(keep_last=0, dry_run=False)
+                    assert report.deleted == ()
+                    assert [sid for sid, _why in report.skipped] == ["held"]
+            assert await conformance.revision("held") == before
+            assert await conformance.stored_events("held") == written
+            writer.store.dispose(session)
 
     # ------------------------------------------------------------------------------------------------------
     # compact
