@@ -16,13 +16,12 @@ import pytest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the demo needs SIGKILL")
 
-ENTRY = "import sys; from dsh.session_persistence._cli import main; sys.exit(main())"
+SCRIPT = Path(sys.executable).with_name("dsh-sessions")  # the installed console script
 
 
 def dsh_sessions(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", ENTRY, *argv], capture_output=True, text=True, timeout=100, check=False, env=env
-    )
+    assert SCRIPT.exists(), f"the console script is not installed next to {sys.executable}"
+    return subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, timeout=100, check=False, env=env)
 
 
 def test_demo_kills_resumes_and_explains(tmp_path: Path) -> None:

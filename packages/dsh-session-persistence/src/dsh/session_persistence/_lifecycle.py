@@ -165,6 +165,8 @@ async def compact(coordinator: PersistenceCoordinator, session_id: str) -> Compa
     async def run() -> CompactResult:
         _refuse_live(coordinator, session_id, "compact")
         first = await prepare(core, session_id)
+        # The lease first: a log with an open turn may simply be live in another process, and then the
+        # honest refusal names that writer (SessionLockedError), not a repair it does not need.
         taken = await core.leases.acquire(first.stored.meta)
         try:
             # Re-read under the lease: the view read before it may already be stale.

@@ -49,7 +49,9 @@ def __getattr__(name: str) -> object:
         import pytest
 
         # Plain asserts in the kit get pytest's detailed failure messages; must run before the module is imported.
-        pytest.register_assert_rewrite("dsh.session_persistence.testing._conformance")
+        pytest.register_assert_rewrite(
+            "dsh.session_persistence.testing._conformance", "dsh.session_persistence.testing._lifecycle_conformance"
+        )
         from ._conformance import BackendConformance
 
         return BackendConformance
