@@ -385,10 +385,13 @@ class JsonlBackend:
         return f"jsonl:{self.compression}:{os.path.realpath(self.root)}"
 
     async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
-        """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``."""
+        """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``.
+
+        Read-only, so it skips the root preflight (a walk that stats every session again): transcripts of the
+        other encoding are simply not this backend's and are not listed; loads and ``verify`` refuse them.
+        """
 
         def work() -> builtins.list[SessionListing]:
-            self._ensure_preflight()
             return list_rows(self.root, self.compression, query, _checkpoint)
 
         return await self._run(work)
