@@ -17,7 +17,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._backend import SessionBackend, SupportsCompact, SupportsDelete, SupportsListPage, SupportsWriterLease
+from .._backend import (
+    SessionBackend,
+    StorageMetadata,
+    SupportsCompact,
+    SupportsDelete,
+    SupportsListPage,
+    SupportsWriterLease,
+)
 from .._errors import (
     LifecycleArgumentError,
     SessionChangedError,
@@ -311,6 +318,26 @@ class LifecycleConformance:
         assert list(stored.events) == log + simple_turn(12, 4)
         if listed_before is not None and listed_after is not None:
             assert listed_after.updated_at >= listed_before.updated_at
+
+    async def test_compact_primitive_refuses_a_stale_revision(self, conformance: ConformanceRig) -> None:
+        """The backend's own revision check: a log that moved since it was read is never replaced."""
+        async with conformance.backend() as backend:
+            self._need(backend, SupportsCompact)
+        async with conformance.open() as p:
+            await p.persistence.create(meta("moving", WORK))
+            await p.persistence.append("moving", one_turn_log())
+        stored = await conformance.stored("moving")
+        assert stored is not None
+        async with conformance.open() as p:
+            await p.persistence.append("moving", simple_turn(6, 2))  # the log moves on
+        before = await conformance.revision("moving")
+        async with conformance.backend() as backend:
+            assert isinstance(backend, SupportsCompact)
+            storage = StorageMetadata(stored.meta, stored.inherited_event_count)
+            with pytest.raises(SessionChangedError):
+                await backend.compact(storage, stored.events, stored.revision)
+        assert await conformance.revision("moving") == before
+        assert await conformance.stored_events("moving") == one_turn_log() + simple_turn(6, 2)
 
     async def test_compact_does_not_count_as_activity(self, conformance: ConformanceRig) -> None:
         """An old session stays old after compaction (retention must still see its real idle time)."""
