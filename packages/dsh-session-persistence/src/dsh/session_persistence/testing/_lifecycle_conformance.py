@@ -113,7 +113,7 @@ class LifecycleConformance:
             assert whole.next_cursor is None
             pages: list[list[str]] = []
             cursor = None
-            while True:
+            for _ in range(5):  # bounded: a cursor that never advances must fail, not hang
                 page = await p.persistence.list_page(limit=2, cursor=cursor)
                 pages.append(_ids(page.entries))
                 cursor = page.next_cursor
