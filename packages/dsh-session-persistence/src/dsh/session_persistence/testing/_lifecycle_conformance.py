@@ -221,6 +221,11 @@ class LifecycleConformance:
             await p.persistence.delete("drop")
             with pytest.raises(SessionNotFoundError):
                 await p.persistence.load("drop")
+            # The same coordinator forgets the id: it can be created afresh right away.
+            await p.persistence.create(meta("drop", WORK))
+            await p.persistence.append("drop", simple_turn(0, 1))
+            assert [e.seq for e in (await p.persistence.load("drop")).events] == [0, 1, 2]
+            await p.persistence.delete("drop")
         assert await conformance.stored("drop") is None
         assert await conformance.listed_ids() == ["keep"]
         assert await conformance.stored_events("keep") == one_turn_log()
