@@ -18,15 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from dsh.session_persistence import (
-    Host,
-    PersistenceCoordinator,
-    Session,
-    SessionEvent,
-    SessionStore,
-    event_to_builtins,
-    hookimpl,
-)
+from dsh.session_persistence import Host, PersistenceCoordinator, Session, SessionStore, hookimpl
+from dsh.session_persistence.backend import event_to_builtins
+from dsh.session_persistence.events import SessionEvent
 
 POLICY_PLUGIN = "session-checkpoint-policy"
 LONG_WINDOW_MS = 600_000
@@ -104,7 +98,7 @@ async def open_stack(
     if not policy:
         host.unregister(name=POLICY_PLUGIN)
     store = SessionStore(host, check_turns=True)
-    backend_cls: Any = host.backends()["jsonl"]
+    backend_cls: Any = host.dsh_session_backends()["jsonl"]
     backend = backend_cls(root, compression="none")
     flushes = FlushProbe()
     errors = ErrorProbe()

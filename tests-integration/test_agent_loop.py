@@ -20,12 +20,12 @@ from dsh.session_persistence import (
     PreStepDecision,
     PreStepInput,
     SessionAlreadyExistsError,
-    SessionEvent,
     aborted_before_dispatch_result,
-    has_open_turn,
     hookimpl,
 )
+from dsh.session_persistence.events import SessionEvent
 from dsh.session_persistence.loop import AgentLoop
+from dsh.session_persistence.repair import has_open_turn
 from dsh.session_persistence.testing import (
     ErrorResponse,
     HangResponse,

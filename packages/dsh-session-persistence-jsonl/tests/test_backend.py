@@ -7,9 +7,10 @@ not the code under test), hence the file-wide ASYNC230/ASYNC240 exemption.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import stat
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,22 +18,24 @@ from typing import Any
 import anyio
 import pytest
 import zstandard
-from dsh.session_persistence import interrupted_turn_closers
 from dsh.session_persistence.backend import (
     SessionAlreadyExistsError,
     SessionBackend,
     SessionFormatUnsupportedError,
     SessionPersistenceCorruptionError,
+    SessionStorageError,
+    SessionWriteInDoubtError,
     StorageMetadata,
+    encode_storage_lines,
 )
+from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend, SessionLogExistsError, TornTail
-from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame, scan_frames
+from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame
 from dsh.session_persistence_jsonl._fs import fsync_dir
 
+from ._formats import declared, pairs, rewrite_plaintexts, write_v0
+from ._formats import plaintext as v1_plaintext
 from ._sessions import Builder, session_events, storage, turn_batches
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import ExceptionGroup
 
 pytestmark = pytest.mark.anyio
 
@@ -58,12 +61,18 @@ async def write(backend: JsonlBackend, st: StorageMetadata, batches: list[list[A
 
 
 def plaintext(backend: JsonlBackend, path: str) -> bytes:
-    data = Path(path).read_bytes()
-    if backend.compression == "none":
-        return data
-    return b"".join(
-        zstandard.ZstdDecompressor().decompressobj().decompress(data[s:e]) for s, e in scan_frames(data).frames
-    )
+    return v1_plaintext(Path(path).read_bytes(), backend.compression)
+
+
+def torn_fragment(backend: JsonlBackend, path: Path) -> bytes:
+    """Half of the next declared batch: what an append interrupted by a crash leaves on disk."""
+    last = pairs(path.read_bytes(), backend.compression)[-1]
+    seq = last.first_seq + last.count
+    pair = declared(backend.compression, seq, 1, b'{"type":"turn/start","seq":%d,"time":1,"data":{"turn":9}}\n' % seq)
+    return pair[:ZSTD_HALF] if backend.compression == "zstd" else pair[:40]
+
+
+ZSTD_HALF = 40  # inside the data: the declaration (32 bytes) is complete
 
 
 async def test_protocol_and_plugin() -> None:
@@ -98,7 +107,7 @@ async def test_lifecycle_round_trip_and_permissions(make: Factory, tmp_path: Pat
     assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
     assert os.listdir(Path(path).parent) == [Path(path).name]  # no staging file left
     lines = plaintext(backend, path).splitlines()
-    assert lines[0].startswith(b'{"type":"session","version":0,"id":"s/1","createdAt":')
+    assert lines[0].startswith(b'{"type":"session","version":1,"id":"s/1","createdAt":')
     assert b'"isSeeded":false' in lines[0]
     assert b'"delegationDepth":2' in lines[0]
     suffix = await backend.load_stored_from("s/1", 10)
@@ -124,7 +133,8 @@ async def test_header_round_trip_defaults_and_seeded_cut(make: Factory) -> None:
     assert {s.header.id for s in await backend.list_snapshots()} == {"p", "child"}
 
 
-async def test_zstd_frames_one_per_batch(tmp_path: Path) -> None:
+async def test_zstd_one_declared_frame_per_batch(tmp_path: Path) -> None:
+    """v1: a skippable declaration frame before each batch's frame; the file stays a valid zstd stream."""
     backend = JsonlBackend(tmp_path)
     st = storage()
     batches = turn_batches(2)
@@ -132,12 +142,19 @@ async def test_zstd_frames_one_per_batch(tmp_path: Path) -> None:
     path = Path(backend.locate(st.meta).path)
     assert path.name == "session.jsonl.zstd"
     first = path.read_bytes()
-    assert first.startswith(MAGIC)
-    assert len(scan_frames(first).frames) == 2
+    assert first.startswith(b"\x5d\x2a\x4d\x18")  # a skippable frame: the header's declaration
+    assert [(p.first_seq, p.count) for p in pairs(first, "zstd")] == [(0, 0), (0, len(batches[0]))]
     await backend.append_batch(st, batches[1], True)
     second = path.read_bytes()
     assert second.startswith(first)
-    assert len(scan_frames(second).frames) == 3
+    found = pairs(second, "zstd")
+    assert [(p.first_seq, p.count) for p in found] == [(0, 0), (0, len(batches[0])), (len(batches[0]), len(batches[1]))]
+    assert found[-1].end == len(second)
+    for p in found:
+        assert second[p.data_start : p.data_start + 4] == MAGIC  # each data is one ordinary zstd frame
+    # Any conforming decoder skips the declarations: `zstd -dc` prints the logical JSONL.
+    with zstandard.ZstdDecompressor().stream_reader(second, read_across_frames=True) as reader:
+        assert reader.read() == v1_plaintext(second, "zstd")
 
 
 async def test_raw_file_is_the_logical_content(tmp_path: Path) -> None:
@@ -149,8 +166,13 @@ async def test_raw_file_is_the_logical_content(tmp_path: Path) -> None:
     assert raw is not None
     assert raw.filename == "session.jsonl"
     path = Path(backend.locate(st.meta).path)
-    assert raw.content == path.read_text()
+    assert raw.content.encode() == v1_plaintext(path.read_bytes(), "none")
     assert len(raw.content.splitlines()) == len(events) + 1
+    # Every line of the file is JSON (jq reads it): the declarations are JSON lines too.
+    file_lines = path.read_text().splitlines()
+    assert len(file_lines) == len(events) + 3
+    assert all(isinstance(json.loads(line), dict) for line in file_lines)
+    assert [json.loads(line)["type"] for line in file_lines].count("dsh.batch") == 2
 
 
 async def test_read_raw(make: Factory) -> None:
@@ -164,7 +186,7 @@ async def test_read_raw(make: Factory) -> None:
     assert await backend.read_raw("missing") is None
     path = Path(backend.locate(st.meta).path)
     with path.open("ab") as fh:
-        fh.write(b"\x28\xb5" if backend.compression == "zstd" else b'{"partial')
+        fh.write(torn_fragment(backend, path))
     raw2 = await backend.read_raw("s1")
     assert raw2 is not None
     assert raw2.content == raw.content  # the torn tail is omitted in both modes
@@ -190,8 +212,12 @@ async def test_append_failure_is_rolled_back(make: Factory, monkeypatch: pytest.
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", failing_once)
-    with pytest.raises(OSError, match="injected fsync failure"):
+    with pytest.raises(SessionStorageError, match="injected fsync failure") as info:
         await backend.append_batch(st, batches[1], True)
+    assert not isinstance(info.value, SessionWriteInDoubtError)  # rolled back: definitely not stored
+    assert info.value.errno == 5
+    assert info.value.path == str(path)
+    assert isinstance(info.value.__cause__, OSError)
     assert path.read_bytes() == before  # the written bytes were truncated away again
     await backend.append_batch(st, batches[1], True)  # the retry with the same batch succeeds
     monkeypatch.undo()
@@ -201,7 +227,7 @@ async def test_append_failure_is_rolled_back(make: Factory, monkeypatch: pytest.
     assert loaded.events == [e for b in batches for e in b]
 
 
-async def test_append_and_rollback_failure_raise_a_group(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_append_and_rollback_failure_is_in_doubt(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = make()
     st = storage()
     batches = turn_batches(2)
@@ -211,9 +237,11 @@ async def test_append_and_rollback_failure_raise_a_group(make: Factory, monkeypa
         raise OSError(5, "injected")
 
     monkeypatch.setattr(os, "fsync", always)
-    with pytest.raises(ExceptionGroup, match="failed to roll back append to") as info:
+    with pytest.raises(SessionWriteInDoubtError, match="rolling it back failed too") as info:
         await backend.append_batch(st, batches[1], True)
-    assert len(info.value.exceptions) == 2
+    assert info.value.errno == 5
+    assert info.value.path == backend.locate(st.meta).path
+    assert isinstance(info.value.__cause__, OSError)
 
 
 async def test_append_never_recreates_a_deleted_log(make: Factory) -> None:
@@ -221,8 +249,10 @@ async def test_append_never_recreates_a_deleted_log(make: Factory) -> None:
     st = storage()
     await write(backend, st, turn_batches(1))
     os.unlink(backend.locate(st.meta).path)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(SessionStorageError) as info:
         await backend.append_batch(st, session_events(2)[-3:], True)
+    assert info.value.errno == errno.ENOENT
+    assert isinstance(info.value.__cause__, FileNotFoundError)
     assert not os.path.lexists(backend.locate(st.meta).path)
 
 
@@ -288,22 +318,65 @@ async def test_rewrite_replaces_atomically(make: Factory) -> None:
     assert (await backend.load_stored("s1")).events == keep  # type: ignore[union-attr]
 
 
-async def test_crash_tail_repair_and_continue(make: Factory) -> None:
-    """Spec #36/#72: torn tail after turn 1; load recovers, repair closes the turn, appends continue."""
-    backend = make(pack_chunks=False)
-    st = storage()
+def _crash_tail_events() -> tuple[list[Any], list[Any]]:
     b = Builder()
     b.turn(0, steps=1, tokens=3)
     committed = list(b.events)
-    await backend.append_batch(st, committed, False)
     b.turn_start(1)
     b.add("step/start", {"turn": 1, "step": 0})
     b.add("assistant/chunk", {"turn": 1, "step": 0, "chunk": {"type": "text-delta", "index": 0, "text": "x" * 300_000}})
-    tail_events = b.events[len(committed) :]
+    return committed, b.events[len(committed) :]
+
+
+async def _repair_and_continue(backend: JsonlBackend, st: StorageMetadata, path: Path, loaded: Any) -> None:
+    closers = interrupted_turn_closers(loaded.events)
+    await backend.commit_repair(st, loaded.torn_marker, closers)
+    repaired = await backend.load_stored("s1")
+    assert repaired is not None
+    assert repaired.torn_marker is None
+    assert repaired.events == loaded.events + closers
+    assert repaired.events[-1].type == "turn/end"
+    assert repaired.meta.version == 1
+    nxt = Builder(start_seq=len(repaired.events))
+    nxt.turn(2, steps=1, tokens=2)
+    await backend.append_batch(st, nxt.events, True)
+    final = await backend.load_stored("s1")
+    assert final is not None
+    assert final.events == repaired.events + nxt.events
+    assert [e.seq for e in final.events] == list(range(len(final.events)))
+    assert pairs(path.read_bytes(), backend.compression)[-1].end == path.stat().st_size
+
+
+async def test_crash_tail_repair_and_continue(make: Factory) -> None:
+    """v1: a torn last batch is dropped whole (its bytes were never acknowledged), repair closes the turn."""
+    backend = make(pack_chunks=False)
+    st = storage()
+    committed, tail_events = _crash_tail_events()
+    await backend.append_batch(st, committed, False)
     path = Path(backend.locate(st.meta).path)
     before = path.read_bytes()
     from dsh.session_persistence.backend import encode_storage_lines
 
+    pair = declared(
+        backend.compression, len(committed), len(tail_events), encode_storage_lines(tail_events, pack_chunks=False)
+    )
+    path.write_bytes(before + pair[: len(pair) - 200])
+    loaded = await backend.load_stored("s1")
+    assert loaded is not None
+    assert isinstance(loaded.torn_marker, TornTail)
+    assert loaded.torn_marker.recovered_events == []
+    assert loaded.events == committed
+    await _repair_and_continue(backend, st, path, loaded)
+    assert path.read_bytes().startswith(before)
+
+
+async def test_v0_crash_tail_repair_upgrades_and_continues(make: Factory, tmp_path: Path) -> None:
+    """Spec #36/#72 on a v0 log: the torn frame's complete lines are recovered, and the repair upgrades to v1."""
+    backend = make(pack_chunks=False)
+    st = storage()
+    committed, tail_events = _crash_tail_events()
+    path = write_v0(tmp_path / "root", st, [committed], backend.compression)
+    before = path.read_bytes()
     tail = encode_storage_lines(tail_events, pack_chunks=False)
     if backend.compression == "zstd":
         frame = compress_frame(tail)
@@ -314,27 +387,14 @@ async def test_crash_tail_repair_and_continue(make: Factory) -> None:
     path.write_bytes(cut)
     loaded = await backend.load_stored("s1")
     assert loaded is not None
+    assert loaded.meta.version == 0
     assert isinstance(loaded.torn_marker, TornTail)
     recovered = [e.seq for e in loaded.events[len(committed) :]]
     if backend.compression == "none":
         assert recovered == [tail_events[0].seq, tail_events[1].seq]
     else:
         assert recovered in ([], [tail_events[0].seq], [tail_events[0].seq, tail_events[1].seq])
-    closers = interrupted_turn_closers(loaded.events)
-    await backend.commit_repair(st, loaded.torn_marker, closers)
-    assert path.read_bytes().startswith(before)
-    repaired = await backend.load_stored("s1")
-    assert repaired is not None
-    assert repaired.torn_marker is None
-    assert repaired.events == loaded.events + closers
-    assert repaired.events[-1].type == "turn/end"
-    nxt = Builder(start_seq=len(repaired.events))
-    nxt.turn(2, steps=1, tokens=2)
-    await backend.append_batch(st, nxt.events, True)
-    final = await backend.load_stored("s1")
-    assert final is not None
-    assert final.events == repaired.events + nxt.events
-    assert [e.seq for e in final.events] == list(range(len(final.events)))
+    await _repair_and_continue(backend, StorageMetadata(loaded.meta, 0), path, loaded)
 
 
 async def test_commit_repair_refuses_a_changed_file_and_foreign_markers(make: Factory) -> None:
@@ -343,49 +403,58 @@ async def test_commit_repair_refuses_a_changed_file_and_foreign_markers(make: Fa
     await write(backend, st, turn_batches(1))
     path = Path(backend.locate(st.meta).path)
     with path.open("ab") as fh:
-        fh.write(b"\x28\xb5" if backend.compression == "zstd" else b"{torn")
+        fh.write(torn_fragment(backend, path))
     loaded = await backend.load_stored("s1")
     assert loaded is not None
     assert loaded.torn_marker is not None
     with path.open("ab") as fh:
         fh.write(b"more")
-    with pytest.raises(OSError, match="size changed"):
+    with pytest.raises(SessionStorageError, match="size changed"):
         await backend.commit_repair(st, loaded.torn_marker, [])
     with pytest.raises(TypeError):
         await backend.commit_repair(st, 17, [])
 
 
-async def test_trailing_magic_fragment_is_removed_byte_identically(tmp_path: Path) -> None:
-    backend = JsonlBackend(tmp_path)
+async def test_torn_declaration_and_zero_tails_are_removed_byte_identically(make: Factory) -> None:
+    """Torn: the file ends inside a declaration or its data, or only zeros follow (size reached the disk)."""
+    backend = make()
     st = storage()
     await write(backend, st, turn_batches(2))
     path = Path(backend.locate(st.meta).path)
     before = path.read_bytes()
-    path.write_bytes(before + MAGIC[:2])
-    loaded = await backend.load_stored("s1")
-    assert loaded is not None
-    assert loaded.torn_marker is not None
-    await backend.commit_repair(st, loaded.torn_marker, [])
-    assert path.read_bytes() == before
+    last = pairs(before, backend.compression)[-1]
+    nxt = declared(backend.compression, last.first_seq + last.count, 1, b'{"type":"turn/start"}\n')
+    for tail in (nxt[:3], nxt[:20], nxt[: len(nxt) - 1], b"\0" * 5000, nxt[:10] + b"\0" * 4000):
+        path.write_bytes(before + tail)
+        loaded = await backend.load_stored("s1")
+        assert loaded is not None
+        assert loaded.torn_marker is not None, tail
+        await backend.commit_repair(st, loaded.torn_marker, [])
+        assert path.read_bytes() == before
 
 
-async def test_checksum_flip_lists_but_does_not_load(tmp_path: Path) -> None:
-    backend = JsonlBackend(tmp_path)
+async def test_damage_is_refused_anywhere_and_list_survives_a_damaged_header(make: Factory) -> None:
+    """A complete batch that fails its CRC is damage even when it is the last one; the file is left alone."""
+    backend = make()
     st = storage()
     await write(backend, st, turn_batches(2))
+    await backend.append_batch(storage("other"), session_events(1)[:2], False)
     path = Path(backend.locate(st.meta).path)
     data = bytearray(path.read_bytes())
-    frames = scan_frames(bytes(data)).frames
-    data[frames[1][1] - 1] ^= 0xFF
+    found = pairs(bytes(data), backend.compression)
+    data[found[-1].end - 2] ^= 0x01  # inside the last batch's data
     path.write_bytes(bytes(data))
-    assert [h.id for h in await backend.list()] == ["s1"]
-    with pytest.raises(SessionPersistenceCorruptionError, match=f"frame at byte {frames[1][0]} failed validation"):
+    assert sorted(h.id for h in await backend.list()) == ["other", "s1"]
+    with pytest.raises(SessionPersistenceCorruptionError, match=f"batch at byte {found[-1].start} fails its CRC"):
         await backend.load_stored("s1")
     assert path.read_bytes() == bytes(data)
-    data[frames[0][1] - 1] ^= 0xFF
+    data[found[0].end - 2] ^= 0x01  # inside the header's data
     path.write_bytes(bytes(data))
-    with pytest.raises(SessionPersistenceCorruptionError, match="header frame failed validation"):
-        await backend.list()
+    assert [h.id for h in await backend.list()] == ["other"]  # one damaged header never fails the listing
+    damaged = await backend.list_damaged()
+    assert [(d.session_id, d.path) for d in damaged] == [("s1", str(path))]
+    assert "header data fails its CRC" in damaged[0].message
+    assert [s.header.id for s in await backend.list_snapshots()] == ["other"]
 
 
 async def test_revisions(make: Factory, tmp_path: Path) -> None:
@@ -412,24 +481,24 @@ async def test_stable_read_retries_on_concurrent_change(make: Factory, monkeypat
     await write(backend, st, turn_batches(1))
     await backend.list()  # preflight done, so only the stable read stats the transcript
     path = backend.locate(st.meta).path
-    real_stat = os.stat
+    real_lstat = os.lstat
     calls: list[str] = []
 
     def flaky(p: Any, *a: Any, **kw: Any) -> os.stat_result:
-        result = real_stat(p, *a, **kw)
+        result = real_lstat(p, *a, **kw)
         if os.fspath(p) == path:
             calls.append(path)
-            if len(calls) == 2:
+            if len(calls) == 2:  # the first read's closing check sees a changed file
                 fields = list(result)
                 return os.stat_result(
                     (*fields[:8], result.st_mtime + 1, fields[9]), {"st_mtime_ns": result.st_mtime_ns + 1}
                 )
         return result
 
-    monkeypatch.setattr(os, "stat", flaky)
+    monkeypatch.setattr(os, "lstat", flaky)
     loaded = await backend.load_stored("s1")
     assert loaded is not None
-    assert len(calls) == 5  # lookup probe + (stat, read, stat) twice
+    assert len(calls) == 3  # lookup probe + one closing check per read (fstat brackets the read itself)
 
 
 async def test_list_snapshots_skips_vanished_and_read_revision_none(
@@ -440,7 +509,7 @@ async def test_list_snapshots_skips_vanished_and_read_revision_none(
     await write(backend, st, turn_batches(1))
     await backend.list()
     path = backend.locate(st.meta).path
-    real_stat = os.stat
+    real_stat = os.lstat
     state = {"allow": 0, "error": FileNotFoundError}
 
     def stat_after(p: Any, *a: Any, **kw: Any) -> os.stat_result:
@@ -451,13 +520,14 @@ async def test_list_snapshots_skips_vanished_and_read_revision_none(
             state["allow"] -= 1  # type: ignore[operator]
         return real_stat(p, *a, **kw)
 
-    monkeypatch.setattr(os, "stat", stat_after)
+    monkeypatch.setattr(os, "lstat", stat_after)
     assert await backend.list_snapshots() == []  # discovery opens the file; the snapshot stat finds it gone
     state["allow"] = 1  # lookup's existence probe sees it, the revision stat does not
     assert await backend.read_stored_revision("s1") is None
     state.update(allow=0, error=PermissionError)
-    with pytest.raises(PermissionError):
+    with pytest.raises(SessionStorageError) as info:
         await backend.list_snapshots()
+    assert isinstance(info.value.__cause__, PermissionError)
 
 
 async def test_cancellation_of_reads(make: Factory) -> None:
@@ -508,6 +578,10 @@ async def test_list_skips_incomplete_and_non_header_transcripts(make: Factory, t
     suffix = ".jsonl.zstd" if backend.compression == "zstd" else ".jsonl"
     wrap: Callable[[bytes], bytes] = compress_frame if backend.compression == "zstd" else (lambda b: b)
     bodies = [b"", wrap(b'{"type":"turn/start"}\n'), wrap(b"not json at all\n")]
+    bodies += [
+        declared(backend.compression, 0, 0, b'{"type":"turn/start"}\n'),
+        declared(backend.compression, 0, 0, b"x"),
+    ]
     if backend.compression == "zstd":
         bodies.append(MAGIC)
     for i, body in enumerate(bodies):
@@ -515,6 +589,8 @@ async def test_list_skips_incomplete_and_non_header_transcripts(make: Factory, t
         d.mkdir()
         (d / f"session{suffix}").write_bytes(body)
     assert [h.id for h in await backend.list()] == ["ok"]
+    # Each one is reported on its own, with its directory's id.
+    assert sorted(d.session_id or "" for d in await backend.list_damaged()) == [f"junk{i}" for i in range(len(bodies))]
 
 
 async def test_long_header_lists(make: Factory) -> None:
@@ -531,36 +607,63 @@ async def test_identity_checks(make: Factory, tmp_path: Path) -> None:
     b.turn_start(0)
     await backend.append_batch(st, b.events, False)  # an open turn that would need repair
     path = Path(backend.locate(st.meta).path)
-    path.write_bytes(path.read_bytes().replace(b'"id":"identity-a"', b'"id":"identity-b"'))
+    rewrite_plaintexts(path, "none", lambda i, t: t.replace(b'"id":"identity-a"', b'"id":"identity-b"'))
     before = path.read_bytes()
     with pytest.raises(
         SessionPersistenceCorruptionError, match='requested id "identity-a" does not match header id "identity-b"'
     ):
         await backend.load_stored("identity-a")
-    with pytest.raises(SessionPersistenceCorruptionError, match="and cwd identify"):
-        await backend.list()
+    assert await backend.list() == []  # a mismatched header is reported on its own, never fails the listing
+    assert "and cwd identify" in (await backend.list_damaged())[0].message
     assert path.read_bytes() == before
-    path.write_bytes(
-        before.replace(b'"id":"identity-b"', b'"id":"identity-a"').replace(b'"cwd":"/w"', b'"cwd":"/elsewhere"')
+    rewrite_plaintexts(
+        path,
+        "none",
+        lambda i, t: t.replace(b'"id":"identity-b"', b'"id":"identity-a"').replace(
+            b'"cwd":"/w"', b'"cwd":"/elsewhere"'
+        ),
     )
-    with pytest.raises(SessionPersistenceCorruptionError, match="and cwd identify"):
-        await backend.list()
+    assert "and cwd identify" in (await backend.list_damaged())[0].message
     with pytest.raises(SessionPersistenceCorruptionError, match="and cwd identify"):
         await backend.load_stored("identity-a")
 
 
-async def test_symlinked_project_alias_is_accepted_once(make: Factory, tmp_path: Path) -> None:
-    backend = make(compression="none")
+async def test_symlinks_in_the_layout_are_never_followed(make: Factory, tmp_path: Path) -> None:
+    """A symlinked project or session directory is not part of the layout: never listed, loaded or written."""
+    backend = make()
     st = storage("s", "/stored")
     await backend.append_batch(st, session_events(1)[:2], False)
     root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # A project alias whose header names it: refused (appends would go through the link).
     os.symlink(root / "--stored--", root / "--alias--")
     path = Path(backend.locate(st.meta).path)
-    path.write_bytes(path.read_bytes().replace(b'"cwd":"/stored"', b'"cwd":"/alias"'))
-    loaded = await backend.load_stored("s")
-    assert loaded is not None
-    assert loaded.meta.cwd == "/alias"
-    assert [h.id for h in await backend.list()] == ["s"]
+    rewrite_plaintexts(
+        path, backend.compression, lambda i, t: t.replace(b'"cwd":"/stored"', b'"cwd":"/alias"') if i == 0 else t
+    )
+    with pytest.raises(SessionPersistenceCorruptionError, match="and cwd identify"):
+        await backend.load_stored("s")
+    assert await backend.list() == []
+    # A session directory that is a symlink to a directory outside the root.
+    (outside / "evil").mkdir()
+    os.symlink(outside / "evil", root / "--stored--" / "evil")
+    assert [d.session_id for d in await backend.list_damaged()] == ["s"]  # the link is not even visited
+    with pytest.raises(SessionStorageError) as info:
+        await backend.load_stored("evil")
+    assert info.value.errno == errno.ELOOP
+    with pytest.raises(SessionStorageError) as info:
+        await backend.append_batch(storage("evil", "/stored"), session_events(1)[:2], False)
+    assert info.value.errno == errno.ELOOP
+    assert list((outside / "evil").iterdir()) == []  # nothing was written through the link
+    # A transcript that is a symlink.
+    target = outside / "t.jsonl"
+    target.write_bytes(path.read_bytes())
+    (root / "--stored--" / "t").mkdir()
+    os.symlink(target, root / "--stored--" / "t" / path.name)
+    with pytest.raises(SessionStorageError) as info:
+        await backend.load_stored("t")
+    assert info.value.errno == errno.ELOOP
 
 
 async def test_empty_header_id_and_duplicates(make: Factory, tmp_path: Path) -> None:
@@ -571,13 +674,7 @@ async def test_empty_header_id_and_duplicates(make: Factory, tmp_path: Path) -> 
     src = tmp_path / "root" / "--b--" / "dup2"
     os.rename(src, tmp_path / "root" / "--b--" / "dup")
     p = next((tmp_path / "root" / "--b--" / "dup").iterdir())
-    if backend.compression == "none":
-        p.write_bytes(p.read_bytes().replace(b'"id":"dup2"', b'"id":"dup"'))
-    else:
-        data = p.read_bytes()
-        first_end = scan_frames(data, max_frames=1).frames[0][1]
-        header = zstandard.ZstdDecompressor().decompressobj().decompress(data[:first_end])
-        p.write_bytes(compress_frame(header.replace(b'"id":"dup2"', b'"id":"dup"')) + data[first_end:])
+    rewrite_plaintexts(p, backend.compression, lambda i, t: t.replace(b'"id":"dup2"', b'"id":"dup"'))
     with pytest.raises(
         SessionPersistenceCorruptionError,
         match='duplicate JSONL session id "dup" appears in multiple project directories',
@@ -623,17 +720,22 @@ async def test_blocked_paths_surface_os_errors(make: Factory, tmp_path: Path) ->
     root.mkdir()
     (root / "--home-me-project--").write_text("not a dir")
     backend = make()
-    with pytest.raises((FileExistsError, NotADirectoryError)):
+    with pytest.raises(SessionStorageError) as info:
         await backend.append_batch(storage(), session_events(1)[:2], False)
+    assert info.value.errno in (errno.EEXIST, errno.ENOTDIR)
+    assert isinstance(info.value.__cause__, OSError)
     (root / "--home-me-project--").unlink()
     (root / "_no-cwd").mkdir()
     (root / "_no-cwd" / "blocked").write_text("file where a session dir belongs")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(SessionStorageError) as info:
         await backend.load_stored("blocked")
+    assert info.value.errno == errno.ENOTDIR
     os.rename(root, tmp_path / "moved")
     root.write_text("root is a file now")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(SessionStorageError) as info:
         await backend.list()
+    assert info.value.errno == errno.ENOTDIR
+    assert info.value.path == str(root)
 
 
 async def test_hostile_ids_stay_under_root(make: Factory, tmp_path: Path) -> None:

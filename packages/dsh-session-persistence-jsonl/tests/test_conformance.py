@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
-import zstandard
-from dsh.session_persistence import SessionBackend
+from dsh.session_persistence.backend import SessionBackend
 from dsh.session_persistence.testing import BackendConformance
 from dsh.session_persistence_jsonl import JsonlBackend
+from dsh.session_persistence_jsonl._batches import BufferSource, encode_declared_batch, walk_declared
 
-# A line that never finished: what a crash in the middle of an append leaves behind.
-_TORN_LINE = b'{"type":"turn/end","seq":'
+# A batch whose write never finished: what a crash in the middle of an append leaves behind.
+_TORN_LINE = b'{"type":"turn/end","seq":%d,"time":0,"data":{}}\n'
 
 
 @pytest.fixture(params=["zstd", "none"])
@@ -43,11 +43,10 @@ class TestJsonlConformance(BackendConformance):
         matches = [p for p in Path(backend.root).rglob("session.jsonl*") if p.parent.name == session_id]  # noqa: ASYNC240
         assert len(matches) == 1, matches
         path = matches[0]
-        if path.suffix == ".zstd":
-            # Half of a real, checksummed frame: structurally incomplete, exactly like an interrupted write.
-            frame = zstandard.ZstdCompressor(write_checksum=True).compress(_TORN_LINE + b'6,"time":0,"data":{}}\n')
-            fragment = frame[: len(frame) // 2]
-        else:
-            fragment = _TORN_LINE
+        # Half of a real declared batch (declaration + data): exactly what an interrupted write leaves.
+        compression = "zstd" if path.suffix == ".zstd" else "none"
+        seq = len(walk_declared(BufferSource(path.read_bytes()), compression, str(path), 1 << 20).events)
+        pair = encode_declared_batch(compression, seq, 1, _TORN_LINE % seq)
+        fragment = pair[: len(pair) // 2]
         with path.open("ab") as fh:
             fh.write(fragment)

@@ -1,10 +1,17 @@
-"""Exhaustive crash sweeps over a realistic transcript (spec/jsonl.md §5 #71, #82; DESIGN §7).
+"""Exhaustive crash and damage sweeps over a realistic transcript, both encodings, both log formats.
 
-* Truncation: cut the file at every byte offset of its last frame (zstd) / last batch (raw). Every cut loads as
-  the committed prefix plus a torn marker, never raises and never loses a committed event; repair then leaves
-  a clean file that starts with the committed bytes, and a second load changes nothing.
-* Bit flips: flip every byte of the committed frames / lines. Each flip is detected as corruption (or a format
-  refusal) or loads unchanged; it never silently drops a committed event.
+Log format v1 (declared batches, what this build writes):
+
+* every cut offset inside the last batch loads as exactly the committed prefix plus a torn marker (a cut at
+  the batch boundary looks like one batch fewer, and is nothing else); repair then leaves the committed bytes
+  plus the closers, and a second load changes nothing;
+* a tail of zeros where the size reached the disk but the bytes did not (from the batch start, or from inside
+  its declaration) is a torn tail, never damage;
+* every single-byte flip anywhere in the file, header and last batch included, is refused as damage:
+  0 silent (no flip is harmless either: every byte is covered by a CRC-32).
+
+Log format v0 (written by 0.1, still loaded): the truncation sweep keeps its old guarantees (complete frames
+and lines are never lost) and a flip in a complete, non-final frame is refused.
 
 Default mode keeps the file small; ``DSH_LONG=1`` uses a bigger session and every flip mask.
 """
@@ -16,23 +23,27 @@ import os
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import pytest
-from dsh.session_persistence import interrupted_turn_closers
-from dsh.session_persistence.backend import SessionPersistenceError, decode_storage_line, encode_storage_lines
+from dsh.session_persistence.backend import (
+    SessionFormatUnsupportedError,
+    SessionPersistenceError,
+    decode_storage_line,
+    encode_storage_lines,
+)
+from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend
-from dsh.session_persistence_jsonl._frames import scan_frames
+from dsh.session_persistence_jsonl._discovery import check_identity
 
+from ._formats import pairs, write_v0
 from ._sessions import storage, turn_batches
 
 LONG = os.environ.get("DSH_LONG") == "1"
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(1800 if LONG else 120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(3600 if LONG else 300)]
 
 TURNS, TOKENS = (6, 40) if LONG else (3, 12)
 MASKS = (0x01, 0x10, 0x80, 0xFF)
 #: Every cut is loaded; repair + reload (four durable calls) runs on every REPAIR_STRIDE-th cut and the last one.
-REPAIR_STRIDE = 1 if LONG else 5
+REPAIR_STRIDE = 1 if LONG else 7
 
 
 @pytest.fixture(params=["zstd", "none"])
@@ -42,8 +53,10 @@ def compression(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(autouse=True)
 def _no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sweeps test the torn/corrupt decision, not durability: skip the (slow) fsyncs."""
+    """The sweeps test the torn/damage decision, not durability: skip the (slow) fsyncs."""
     monkeypatch.setattr(os, "fsync", lambda fd: None)
+    # The sweeps call the backend's decode directly (no worker thread): nothing to cancel between batches.
+    monkeypatch.setattr("dsh.session_persistence_jsonl._backend._checkpoint", lambda: None)
 
 
 def _overwrite(path: Path, data: bytes, at: int = 0, size: int | None = None) -> None:
@@ -57,12 +70,19 @@ def _overwrite(path: Path, data: bytes, at: int = 0, size: int | None = None) ->
         os.close(fd)
 
 
-async def _build(tmp_path: Path, compression: str) -> tuple[JsonlBackend, Any, list[list[Any]], Path, int]:
-    """Write a realistic session one batch per turn, with the last turn's batch open (no turn/end)."""
+async def _build(
+    tmp_path: Path, compression: str, fmt: str = "v1"
+) -> tuple[JsonlBackend, Any, list[list[Any]], Path, int]:
+    """A realistic session, one batch per turn, the last turn's batch open (no turn/end), as a crash leaves it."""
     backend = JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
     st = storage()
     batches = turn_batches(TURNS, tokens=TOKENS)
-    batches[-1] = batches[-1][:-1]  # the last batch leaves its turn open, as a crash would
+    batches[-1] = batches[-1][:-1]
+    if fmt == "v0":
+        path = write_v0(tmp_path / "root", st, batches[:-1], compression)
+        last_start = path.stat().st_size
+        path = write_v0(tmp_path / "root", st, batches, compression)
+        return backend, st, batches, path, last_start
     for i, batch in enumerate(batches[:-1]):
         await backend.append_batch(st, batch, i > 0)
     path = Path(backend.locate(st.meta).path)
@@ -71,117 +91,133 @@ async def _build(tmp_path: Path, compression: str) -> tuple[JsonlBackend, Any, l
     return backend, st, batches, path, last_start
 
 
-def _raw_line_model(batch: list[Any]) -> list[tuple[int, int]]:
-    """(end offset within the batch, events in the file up to that line) for the last batch's lines."""
-    body = encode_storage_lines(batch, pack_chunks=True)
-    out: list[tuple[int, int]] = []
-    pos = count = 0
-    for line in body.split(b"\n")[:-1]:
-        pos += len(line) + 1
-        count += len(decode_storage_line(line))
-        out.append((pos, count))
-    return out
+def _decode(backend: JsonlBackend, path: Path, data: bytes) -> Any:
+    """The backend's whole read decision for these bytes (decode + identity), without the file round trip."""
+    log = backend._decode(data, str(path))
+    check_identity(backend.root, backend.compression, str(path), log.header, "s1")
+    return log
 
 
-async def test_truncate_at_every_offset_of_the_last_frame(tmp_path: Path, compression: str) -> None:
+async def _repair_round(backend: JsonlBackend, st: Any, path: Path, committed_bytes: bytes, events: list[Any]) -> None:
+    loaded = await backend.load_stored("s1")
+    assert loaded is not None
+    assert loaded.events == events
+    closers = interrupted_turn_closers(events)
+    await backend.commit_repair(st, loaded.torn_marker, closers)
+    repaired = await backend.load_stored("s1")
+    assert repaired is not None
+    assert repaired.torn_marker is None
+    assert repaired.events == events + closers
+    after = path.read_bytes()
+    assert after.startswith(committed_bytes)
+    assert pairs(after, backend.compression)[-1].end == len(after)
+    again = await backend.load_stored("s1")
+    assert again is not None
+    assert again.revision == repaired.revision
+
+
+async def test_v1_every_cut_of_the_last_batch_is_the_committed_prefix_plus_a_tear(
+    tmp_path: Path, compression: str
+) -> None:
     backend, st, batches, path, last_start = await _build(tmp_path, compression)
     full = path.read_bytes()
     committed = [e for b in batches[:-1] for e in b]
-    everything = committed + batches[-1]
-    model = _raw_line_model(batches[-1])
     for cut in range(last_start, len(full)):
-        _overwrite(path, full[last_start:], last_start, cut)
-        loaded = await backend.load_stored("s1")
-        assert loaded is not None
-        events = loaded.events
-        assert events == everything[: len(events)], cut
-        assert len(events) >= len(committed), cut
-        if compression == "none":
-            complete = [n for end, n in model if end <= cut - last_start]
-            assert len(events) == len(committed) + (complete[-1] if complete else 0), cut
-            at_boundary = cut == last_start or any(end == cut - last_start for end, _ in model)
-            assert (loaded.torn_marker is None) == at_boundary, cut
-        else:
-            assert (loaded.torn_marker is None) == (cut == last_start), cut
-            if cut == len(full) - 1:  # only the checksum's last byte is missing: the whole batch is recovered
-                assert events == everything
-        if (cut - last_start) % REPAIR_STRIDE and cut != len(full) - 1:
-            continue
-        closers = interrupted_turn_closers(events)
-        await backend.commit_repair(st, loaded.torn_marker, closers)
-        repaired = await backend.load_stored("s1")
-        assert repaired is not None
-        assert repaired.torn_marker is None, cut
-        assert repaired.events == events + closers, cut
-        after = path.read_bytes()
-        assert after.startswith(full[:last_start]), cut
-        if compression == "zstd":
-            assert scan_frames(after).torn_start is None
-        again = await backend.load_stored("s1")
-        assert again is not None
-        assert again.revision == repaired.revision
+        log = _decode(backend, path, full[:cut])
+        assert log.events == committed, cut
+        assert (log.torn is None) == (cut == last_start), cut  # a cut at the boundary is one batch fewer
+        if log.torn is not None:
+            assert log.torn.truncate_to == last_start
+            assert log.torn.recovered_events == []
+        if (cut - last_start) % REPAIR_STRIDE == 0 or cut == len(full) - 1:
+            _overwrite(path, full[last_start:], last_start, cut)
+            await _repair_round(backend, st, path, full[:last_start], committed)
+            _overwrite(path, full[last_start:], last_start, len(full))
+    assert _decode(backend, path, full).events == committed + batches[-1]
+
+
+async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compression: str) -> None:
+    """The size reached the disk, the bytes did not: zeros from the batch start or from inside its declaration."""
+    backend, st, batches, path, last_start = await _build(tmp_path, compression)
+    full = path.read_bytes()
+    committed = [e for b in batches[:-1] for e in b]
+    last = pairs(full, compression)[-1]
+    assert last.start == last_start
+    for zero_from in range(last_start, last.data_start):
+        tail = full[last_start:zero_from] + b"\0" * (len(full) - zero_from)
+        log = _decode(backend, path, full[:last_start] + tail)
+        assert log.events == committed, zero_from
+        assert log.torn is not None and log.torn.truncate_to == last_start, zero_from
+    # Zeros past a whole batch, of any length (a later append's size without its bytes).
+    for extra in (1, 31, 32, 4096, 70_000):
+        log = _decode(backend, path, full + b"\0" * extra)
+        assert log.events == committed + batches[-1]
+        assert log.torn is not None and log.torn.truncate_to == len(full)
+    path.write_bytes(full[:last_start] + b"\0" * (len(full) - last_start))
+    await _repair_round(backend, st, path, full[:last_start], committed)
 
 
 def _flip_sweep(
-    backend: JsonlBackend, path: Path, offsets: range, n_events: int, everything: list[Any]
+    backend: JsonlBackend, path: Path, full: bytes, offsets: range, everything: list[Any]
 ) -> dict[str, int]:
-    """Runs in one worker thread: flip each byte, read through the backend's own read path, classify."""
-    full = path.read_bytes()
-    stats = {"corrupt": 0, "unchanged": 0, "changed_values": 0, "torn_prefix": 0}
-    # Long mode: every mask on checksummed zstd frames; two on raw lines (no checksum: masks add little there).
-    masks = (MASKS if backend.compression == "zstd" else MASKS[::3]) if LONG else None
+    stats = {"damage": 0, "refused": 0, "unchanged": 0, "silent": 0}
+    masks = MASKS if LONG else None
     for offset in offsets:
         for mask in masks or (MASKS[offset % len(MASKS)],):
-            damaged = bytes([full[offset] ^ mask])
-            _overwrite(path, damaged, offset)
+            damaged = bytearray(full)
+            damaged[offset] ^= mask
             try:
-                result = backend._read_log("s1")
-            except SessionPersistenceError:
-                stats["corrupt"] += 1
+                log = _decode(backend, path, bytes(damaged))
+            except SessionFormatUnsupportedError:
+                stats["refused"] += 1
                 continue
-            finally:
-                # Reading never modifies the file (checked by size and the flipped byte), then undo the flip.
-                with path.open("rb") as fh:
-                    assert os.fstat(fh.fileno()).st_size == len(full)
-                    fh.seek(offset)
-                    assert fh.read(1) == damaged
-                _overwrite(path, full[offset : offset + 1], offset)
-            assert result is not None
-            log, _rev = result
+            except SessionPersistenceError:
+                stats["damage"] += 1
+                continue
             if log.events == everything and log.torn is None:
                 stats["unchanged"] += 1
-            elif len(log.events) == n_events and log.torn is None:
-                stats["changed_values"] += 1  # raw mode only: no checksum, but nothing was lost
             else:
-                stats["torn_prefix"] += 1
-                stats.setdefault("first_torn_offset", offset)
+                stats["silent"] += 1
+                stats.setdefault("first_silent_offset", offset)
     return stats
 
 
-async def test_flip_every_byte_of_committed_frames(tmp_path: Path, compression: str) -> None:
-    backend, _st, batches, path, last_start = await _build(tmp_path, compression)
+async def test_v1_every_flipped_byte_is_refused_as_damage(tmp_path: Path, compression: str) -> None:
+    """Header, every batch, the last one included: a CRC-32 covers every byte, so no flip goes unnoticed."""
+    backend, _st, batches, path, _last_start = await _build(tmp_path, compression)
     everything = [e for b in batches for e in b]
     full = path.read_bytes()
-    if compression == "zstd":
-        offsets = range(0, last_start)  # header frame + every complete non-final frame
-    else:
-        # Every byte up to the LF that ends the second-to-last line: damage there is followed by a valid line.
-        second_last_lf = full.rfind(b"\n", 0, len(full) - 1)
-        offsets = range(0, second_last_lf)
-    stats = await anyio.to_thread.run_sync(_flip_sweep, backend, path, offsets, len(everything), everything)
-    assert stats["torn_prefix"] == 0, stats
-    if compression == "zstd":
-        assert stats["changed_values"] == 0, stats  # checksummed frames: a flip is caught or harmless
-    assert stats["corrupt"] > 0
+    stats = _flip_sweep(backend, path, full, range(len(full)), everything)
+    assert stats["silent"] == 0, stats
+    assert stats["unchanged"] == 0, stats  # not even a harmless flip: every byte is checked
+    assert stats["damage"] + stats["refused"] == len(full) * (len(MASKS) if LONG else 1), stats
+    assert path.read_bytes() == full
 
 
-async def test_flip_every_byte_of_the_final_frame_never_invents_events(tmp_path: Path, compression: str) -> None:
-    """The final frame / line: a flip is corruption, unchanged, or (documented residual, spec §2.6) a tear."""
-    backend, _st, batches, path, last_start = await _build(tmp_path, compression)
+async def test_v0_truncation_sweep_keeps_complete_frames_and_lines(tmp_path: Path, compression: str) -> None:
+    """v0 logs (written by 0.1) keep their read rules: a cut never loses a complete frame or line."""
+    backend, _st, batches, path, last_start = await _build(tmp_path, compression, "v0")
+    full = path.read_bytes()
+    committed = [e for b in batches[:-1] for e in b]
+    everything = committed + batches[-1]
+    lines: list[tuple[int, int]] = []
+    pos = count = 0
+    for line in encode_storage_lines(batches[-1], pack_chunks=True).split(b"\n")[:-1]:
+        pos += len(line) + 1
+        count += len(decode_storage_line(line))
+        lines.append((pos, count))
+    for cut in range(last_start, len(full)):
+        log = _decode(backend, path, full[:cut])
+        assert log.events == everything[: len(log.events)], cut
+        assert len(log.events) >= len(committed), cut
+        if compression == "none":
+            complete = [n for end, n in lines if end <= cut - last_start]
+            assert len(log.events) == len(committed) + (complete[-1] if complete else 0), cut
+
+
+async def test_v0_flips_in_complete_frames_are_refused(tmp_path: Path) -> None:
+    backend, _st, batches, path, last_start = await _build(tmp_path, "zstd", "v0")
     everything = [e for b in batches for e in b]
     full = path.read_bytes()
-    start = last_start if compression == "zstd" else full.rfind(b"\n", 0, len(full) - 1)
-    stats = await anyio.to_thread.run_sync(
-        _flip_sweep, backend, path, range(start, len(full)), len(everything), everything
-    )
-    assert stats["corrupt"] + stats["unchanged"] + stats["changed_values"] + stats["torn_prefix"] >= len(full) - start
+    stats = _flip_sweep(backend, path, full, range(last_start), everything)
+    assert stats["silent"] == 0, stats

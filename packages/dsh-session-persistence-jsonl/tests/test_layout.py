@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 
 import pytest
+from dsh.session_persistence.backend import SessionStorageError
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._layout import decode_segment, encode_segment, project_key
 from hypothesis import given
@@ -110,5 +112,10 @@ def test_construction_rejects_bad_config(tmp_path: os.PathLike[str]) -> None:
     a_file = os.path.join(os.fspath(tmp_path), "file")
     with open(a_file, "w") as fh:
         fh.write("x")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(SessionStorageError) as info:
         JsonlBackend(a_file)
+    assert info.value.errno == errno.ENOTDIR
+    assert isinstance(info.value.__cause__, NotADirectoryError)
+    for bad in (0, 1023, 1 << 32, 2.5, True):
+        with pytest.raises(ValueError, match="max_batch_bytes"):
+            JsonlBackend(tmp_path, max_batch_bytes=bad)  # type: ignore[arg-type]

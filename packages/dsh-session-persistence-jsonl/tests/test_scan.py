@@ -179,7 +179,7 @@ def test_header_refusals_and_shape(mode: str) -> None:
     assert info.value.location == PATH
     with pytest.raises(SessionFormatUnsupportedError, match='session "123" uses log format v42'):
         decode(_with_header({"version": 42, "id": 123}))
-    with pytest.raises(SessionFormatUnsupportedError, match="older than the supported v0"):
+    with pytest.raises(SessionFormatUnsupportedError, match="older than the supported v1"):
         decode(_with_header(dict(GOOD, version=-1)))
     with pytest.raises(SessionPersistenceCorruptionError, match="first line is not a session header"):
         decode(b"42\n")

@@ -17,10 +17,11 @@ from typing import Any
 
 import anyio
 import pytest
-from dsh.session_persistence import Host, PersistenceCoordinator, StorageMetadata, event_to_builtins
+from dsh.session_persistence import Host, PersistenceCoordinator
 from dsh.session_persistence._cli import _main
 from dsh.session_persistence._cli._context import default_root, resolve_root
 from dsh.session_persistence._cli._io import Io
+from dsh.session_persistence.backend import SESSION_FORMAT_VERSION, StorageMetadata, event_to_builtins
 from dsh.session_persistence.testing import (
     assistant_message,
     meta,
@@ -250,7 +251,7 @@ def test_verify_all_recoverable_exits_zero_and_writes_nothing(root: Path) -> Non
 def test_verify_torn_tail_is_recoverable(root: Path) -> None:
     path = transcript(root, "done")
     with path.open("ab") as fh:
-        fh.write(b"\x28\xb5")  # the first bytes of a zstd frame that never finished
+        fh.write(b"\x5d\x2a")  # the first bytes of a batch declaration whose write never finished
     before = snapshot(root)
     result = cli("--root", str(root), "verify", "done", "--json")
     assert result.code == 0
@@ -284,7 +285,7 @@ def test_verify_corrupt_session_exits_one(root: Path) -> None:
 
 
 def test_verify_newer_format_is_refused_with_exit_one(tmp_path: Path) -> None:
-    plant(tmp_path, "future", one_turn_log(), version=1)
+    plant(tmp_path, "future", one_turn_log(), version=SESSION_FORMAT_VERSION + 1)
     result = cli("--root", str(tmp_path), "verify")
     assert result.code == 1
     assert "UNSUPPORTED  future:" in result.out and "upgrade the harness" in result.out
@@ -361,7 +362,7 @@ def test_repair_cuts_a_torn_tail(root: Path) -> None:
     path = transcript(root, "crashed")
     size = path.stat().st_size
     with path.open("ab") as fh:
-        fh.write(b"\x28\xb5\x2f")
+        fh.write(b"\x5d\x2a\x4d")  # the first bytes of a batch declaration whose write never finished
     result = cli("--root", str(root), "repair", "crashed", "--yes", "--json")
     assert result.code == 0
     doc = result.json()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from dsh.session_persistence import Host
-from dsh.session_persistence.testing import BackendConformance, BackendFactory
+from dsh.session_persistence.testing import BackendConformance, BackendFactory, StorageContractConformance
 
 REPO = Path(__file__).resolve().parents[3]
 README = REPO / "README.md"
@@ -54,8 +54,8 @@ def test_readme_composition_example_runs(tmp_path: Path) -> None:
     assert "tool/call" in types_seen and "tool/result" in types_seen
 
 
-class TestDocsExampleBackendConformance(BackendConformance):
-    """The backend guide's example, run through the whole kit."""
+class TestDocsExampleBackendConformance(BackendConformance, StorageContractConformance):
+    """The backend guide's example, run through the whole kit (and the storage-level contract cases)."""
 
     @pytest.fixture
     def backend_factory(self, tmp_path: Path) -> BackendFactory:
@@ -67,7 +67,7 @@ def test_docs_example_backend_is_discoverable() -> None:
     module = load_example_backend()
     host = Host()
     host.register(module, name="example-file")
-    assert host.backends()["example-file"] is module.FileBackend
+    assert host.dsh_session_backends()["example-file"] is module.FileBackend
 
 
 def test_readme_commands_exist() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
-from dsh.session_persistence import StorageMetadata
+from dsh.session_persistence.backend import StorageMetadata
 from dsh.session_persistence.testing import (
     assistant_message,
     event,
@@ -448,10 +448,10 @@ def test_export_salvage_keeps_the_committed_prefix(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     path = plant(root, "hurt", one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3), batch=3)
     frames = _frames(path.read_bytes())
-    assert len(frames) == 5  # header + 4 batches of 3 events
+    assert len(frames) == 10  # a declaration frame and a data frame each: the header, then 4 batches of 3 events
     data = bytearray(path.read_bytes())
-    start, end = frames[3]
-    data[(start + end) // 2] ^= 0xFF  # the third batch (seq 6..8) is damaged
+    start, end = frames[7]
+    data[(start + end) // 2] ^= 0xFF  # the data of the third batch (seq 6..8) is damaged
     path.write_bytes(bytes(data))
     plain = dsh("--root", str(root), "export", "hurt")
     assert plain.code == 1 and plain.out == ""
@@ -487,12 +487,15 @@ def test_export_salvage_of_a_plain_jsonl_log(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     path = plant(root, "hurt", one_turn_log() + simple_turn(6, 2), compression="none")
     lines = path.read_bytes().split(b"\n")
-    lines[5] = b'{"type": garbage'  # seq 4 cannot be decoded; seq 5..8 follow it
+    (hit,) = [n for n, line in enumerate(lines) if b'"seq":4,' in line]
+    lines[hit] = lines[hit].replace(b'"seq":4,', b'"seq":X,')  # seq 4 cannot be decoded; seq 5..8 follow it
     path.write_bytes(b"\n".join(lines))
+    assert dsh("--root", str(root), "-o", "compression=none", "export", "hurt").code == 1
     run = dsh("--root", str(root), "-o", "compression=none", "export", "hurt", "--salvage")
     assert run.code == 0, run.err
-    assert [json.loads(line)["seq"] for line in run.out.splitlines()] == [0, 1, 2, 3]
-    assert "exported the 4 event(s)" in run.err
+    # A batch is all or nothing: the damaged one (seq 3..5) is dropped whole, the one before it is kept.
+    assert [json.loads(line)["seq"] for line in run.out.splitlines()] == [0, 1, 2]
+    assert "exported the 3 event(s)" in run.err
 
 
 def test_verify_reports_every_unreadable_file(tmp_path: Path) -> None:

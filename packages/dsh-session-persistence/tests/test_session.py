@@ -12,7 +12,8 @@ from dsh.session_persistence._errors import (
     SessionAlreadyExistsError,
     SessionLifecycleError,
 )
-from dsh.session_persistence._events import SessionEvent, event_to_builtins
+from dsh.session_persistence._event_codec import event_to_builtins
+from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._fork import SessionForkError
 from dsh.session_persistence._host import Host, hookimpl
 from dsh.session_persistence._json import NotLosslessJsonError
@@ -287,7 +288,7 @@ def test_header_is_copied_and_validated(store: SessionStore) -> None:
     with pytest.raises(ValueError, match="does not match session id"):
         store.create("s2", meta={"id": "other"})
     with pytest.raises(ValueError, match="header version"):
-        store.create("s3", meta={"version": 1})
+        store.create("s3", meta={"version": 2})
     with pytest.raises(ValueError, match="absolute path"):
         store.create("s4", meta={"cwd": "relative/dir"})
     for field, value, message in [
@@ -308,7 +309,7 @@ def test_minimal_header(store: SessionStore) -> None:
     session = store.create("s")
     from dsh.session_persistence._header import header_to_builtins
 
-    assert header_to_builtins(session.header) == {"version": 0, "id": "s", "createdAt": 1000, "isSeeded": False}
+    assert header_to_builtins(session.header) == {"version": 1, "id": "s", "createdAt": 1000, "isSeeded": False}
 
 
 def test_seeded_header_rules() -> None:

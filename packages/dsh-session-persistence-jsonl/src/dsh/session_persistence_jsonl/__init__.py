@@ -1,14 +1,18 @@
 """JSONL backend for dsh sessions: one append-only, checksummed ``.jsonl.zstd`` transcript per session.
 
-``JsonlBackend(root, compression="zstd" | "none", pack_chunks=True)`` implements the
-:class:`dsh.session_persistence.SessionBackend` primitives; the ``PersistenceCoordinator`` layers
-serialization, write-behind and crash repair on top. The plugin module registers it under the name
-``"jsonl"`` (entry-point group ``dsh.session``).
+``JsonlBackend(root, compression="zstd" | "none", pack_chunks=True, max_batch_bytes=256 MiB)`` implements the
+:class:`dsh.session_persistence.backend.SessionBackend` primitives; the ``PersistenceCoordinator`` layers
+serialization, write-behind and crash repair on top. Each durable batch is written (log format v1) as a small
+declaration followed by its data, so a torn write and damage are told apart. The plugin module registers it
+under the name ``"jsonl"`` (entry-point group ``dsh.session``).
 """
 
 from __future__ import annotations
 
 from ._backend import JsonlBackend, SessionLogExistsError
+from ._batches import BatchTooLargeError
+from ._damage import DamagedTail
+from ._discovery import Damaged
 from ._scan import TornTail
 
-__all__ = ["JsonlBackend", "SessionLogExistsError", "TornTail"]
+__all__ = ["BatchTooLargeError", "Damaged", "DamagedTail", "JsonlBackend", "SessionLogExistsError", "TornTail"]

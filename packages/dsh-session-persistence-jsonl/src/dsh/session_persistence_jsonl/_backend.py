@@ -22,13 +22,16 @@ from dsh.session_persistence.backend import (
     ListQuery,
     RawArtifact,
     SalvagedLog,
+    SeqMismatchError,
     SessionAlreadyExistsError,
     SessionEvent,
     SessionHeader,
     SessionListing,
     SessionLocation,
     SessionNotFoundError,
+    SessionPersistenceError,
     SessionSnapshot,
+    SessionStorageError,
     StorageMetadata,
     StoredArtifact,
     StoredPrefix,
@@ -36,24 +39,41 @@ from dsh.session_persistence.backend import (
     encode_storage_lines,
 )
 
-from ._discovery import check_identity, check_target_dir, find_transcript, list_transcripts, preflight
-from ._frames import FrameError, compress_frame, decode_frame, scan_frames
+from ._batches import (
+    DECLARED_FORMAT_VERSION,
+    HEADER_CAP,
+    BatchTooLargeError,
+    BufferSource,
+    FdSource,
+    encode_declared_batch,
+    encode_declared_header,
+    is_declared,
+    walk_declared,
+)
+from ._bounded import DEFAULT_MAX_BATCH_BYTES
+from ._damage import DamagedTail, find_damaged_tail
+from ._declarations import MAX_DECLARED_BYTES
+from ._discovery import Damaged, Listed, check_identity, check_target_dir, find_transcript, list_transcripts, preflight
+from ._frames import FrameError, decode_frame, scan_frames
 from ._fs import (
     append_durable,
     ensure_dir_chain,
     is_file,
+    open_read,
     publish_exclusive,
+    read_head,
     replace_durable,
     revision_of,
     stable_read,
     truncate_durable,
 )
-from ._layout import Compression, encode_segment, project_dir_name, transcript_path
+from ._layout import Compression, project_dir_name, session_segment, transcript_path
 from ._lease import JsonlWriterLease, acquire_lease
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
-from ._salvage import salvage_raw, salvage_zstd
+from ._salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
+from ._upgrade import current_header, declared_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
 
@@ -94,16 +114,28 @@ class JsonlBackend:
         JSONL). A root holds one encoding only.
     :param pack_chunks: pack runs of >= 3 streamed delta chunks into one storage row (write side only;
         reading always expands rows).
+    :param max_batch_bytes: the largest batch this backend writes or reads, compressed and decompressed
+        (default 256 MiB, far above any real batch). A stored batch or frame that declares more is reported as
+        damage instead of being allocated; a batch that would need more is refused before anything is written.
+
+    Every storage failure surfaces as :class:`SessionStorageError` (errno and path kept, the ``OSError``
+    chained); a write whose outcome is unknown as :class:`SessionWriteInDoubtError`.
     """
 
     NAME: ClassVar[str] = "jsonl"
     supports_raw_artifacts: ClassVar[bool] = True
 
     def __init__(
-        self, root: str | os.PathLike[str], compression: Compression = "zstd", pack_chunks: bool = True
+        self,
+        root: str | os.PathLike[str],
+        compression: Compression = "zstd",
+        pack_chunks: bool = True,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
     ) -> None:
         if compression not in ("zstd", "none"):
             raise ValueError(f'compression must be "zstd" or "none", got {compression!r}')
+        if type(max_batch_bytes) is not int or not 1024 <= max_batch_bytes <= MAX_DECLARED_BYTES:
+            raise ValueError(f"max_batch_bytes must be an integer from 1024 to {MAX_DECLARED_BYTES}")
         root_text = os.fspath(root)
         if not isinstance(root_text, str) or not root_text:
             raise ValueError("JsonlBackend root must be a non-empty path string")
@@ -111,13 +143,18 @@ class JsonlBackend:
         self.root = os.path.abspath(root_text)
         self.compression: Compression = compression
         self.pack_chunks = bool(pack_chunks)
+        self.max_batch_bytes = max_batch_bytes
         self._preflight_done = False
+        # Transcripts this instance knows to be declared (v1): written, upgraded or read as such.
+        self._declared: set[str] = set()
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
                 pass
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise SessionStorageError.from_os_error("opening the JSONL root", exc, self.root) from exc
 
     def __repr__(self) -> str:
         return f"JsonlBackend(root={self.root!r}, compression={self.compression!r}, pack_chunks={self.pack_chunks})"
@@ -130,12 +167,19 @@ class JsonlBackend:
         """Label used in log lines and teardown errors."""
         return self.NAME
 
-    async def _run(self, func: Callable[[], _T]) -> _T:
-        return await anyio.to_thread.run_sync(func)
+    async def _run(self, func: Callable[[], _T], action: str) -> _T:
+        try:
+            return await anyio.to_thread.run_sync(func)
+        except SessionPersistenceError:
+            raise
+        except OSError as exc:
+            raise SessionStorageError.from_os_error(action, exc) from exc
+        except MemoryError as exc:
+            raise SessionStorageError(f"{action} failed: out of memory") from exc
 
-    async def _run_shielded(self, func: Callable[[], _T]) -> _T:
+    async def _run_shielded(self, func: Callable[[], _T], action: str) -> _T:
         with anyio.CancelScope(shield=True):
-            result = await anyio.to_thread.run_sync(func)
+            result = await self._run(func, action)
         return result
 
     def _ensure_preflight(self) -> None:
@@ -149,12 +193,26 @@ class JsonlBackend:
         return _transcript_path(self.root, _cwd_of(header), header.id, self.compression)
 
     def _decode(self, data: bytes, path: str) -> DecodedLog:
-        decode = decode_zstd_log if self.compression == "zstd" else decode_raw_log
-        return decode(data, path, _checkpoint)
+        """Either format: declared (v1) by its first bytes, else v0 (which must carry a v0 header)."""
+        if is_declared(data[:64], self.compression):
+            self._declared.add(path)
+            return walk_declared(
+                BufferSource(data), self.compression, path, self.max_batch_bytes, checkpoint=_checkpoint
+            )
+        if self.compression == "zstd":
+            log = decode_zstd_log(data, path, _checkpoint, self.max_batch_bytes)
+        else:
+            log = decode_raw_log(data, path, _checkpoint)
+        if log.header.version == DECLARED_FORMAT_VERSION:
+            raise corrupt("corrupt session log: a v1 header in a log without batch declarations", path)
+        return log
+
+    def _find(self, session_id: str) -> str | None:
+        self._ensure_preflight()
+        return find_transcript(self.root, session_id, self.compression, _checkpoint)
 
     def _read_log(self, session_id: str) -> tuple[DecodedLog, str] | None:
-        self._ensure_preflight()
-        path = find_transcript(self.root, session_id, self.compression, _checkpoint)
+        path = self._find(session_id)
         if path is None:
             return None
         try:
@@ -168,13 +226,28 @@ class JsonlBackend:
 
     def _encode_batch(self, events: Sequence[SessionEvent]) -> bytes:
         plaintext = encode_storage_lines(events, pack_chunks=self.pack_chunks)
-        if self.compression == "zstd" and plaintext:
-            return compress_frame(plaintext)
-        return plaintext
+        pair = encode_declared_batch(self.compression, events[0].seq, len(events), plaintext)
+        if len(plaintext) > self.max_batch_bytes or len(pair) - len(plaintext) > self.max_batch_bytes:
+            raise BatchTooLargeError(
+                f"a batch of {len(events)} event(s) from seq {events[0].seq} needs {len(plaintext)} bytes, above "
+                f"max_batch_bytes={self.max_batch_bytes}; nothing was written"
+            )
+        return pair
 
     def _encode_header(self, storage: StorageMetadata) -> bytes:
-        line = encode_header_line(storage)
-        return compress_frame(line) if self.compression == "zstd" else line
+        line = encode_header_line(current_header(storage))
+        if len(line) > min(HEADER_CAP, self.max_batch_bytes):
+            raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")
+        return encode_declared_header(self.compression, line)
+
+    def _is_declared_file(self, path: str, meta: SessionHeader) -> bool:
+        """Whether appends can go straight to ``path`` (a v1 file) or must upgrade it first (a v0 file)."""
+        if meta.version >= DECLARED_FORMAT_VERSION or path in self._declared:
+            return True
+        if is_declared(read_head(path, 64), self.compression):
+            self._declared.add(path)
+            return True
+        return False
 
     # --------------------------------------------------------------------------------------------------------
     # pure
@@ -188,7 +261,7 @@ class JsonlBackend:
 
     async def load_stored(self, session_id: str) -> StoredPrefix | None:
         """The longest valid contiguous prefix; a torn tail yields a :class:`TornTail` marker; damage raises."""
-        result = await self._run(lambda: self._read_log(session_id))
+        result = await self._run(lambda: self._read_log(session_id), "reading the session log")
         if result is None:
             return None
         log, revision = result
@@ -200,59 +273,100 @@ class JsonlBackend:
             torn_marker=log.torn,
         )
 
-    async def load_stored_from(self, session_id: str, from_seq: int) -> StoredSuffix | None:
-        """Events with ``seq >= from_seq`` (reads the whole file and slices; never mutates, no marker)."""
-        if from_seq < 0:
-            raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
-        result = await self._run(lambda: self._read_log(session_id))
+    def _read_suffix(self, session_id: str, from_seq: int) -> StoredSuffix | None:
+        path = self._find(session_id)
+        if path is None:
+            return None
+        while True:
+            try:
+                fd = open_read(path)
+            except FileNotFoundError:
+                return None
+            try:
+                st = os.fstat(fd)
+                if not is_declared(os.pread(fd, 64, 0), self.compression):
+                    break  # v0: no declarations to walk
+                log = walk_declared(
+                    FdSource(fd, st.st_size),
+                    self.compression,
+                    path,
+                    self.max_batch_bytes,
+                    from_seq=from_seq,
+                    checkpoint=_checkpoint,
+                )
+                unchanged = revision_of(os.fstat(fd)) == revision_of(st)
+            finally:
+                os.close(fd)
+            if unchanged:
+                check_identity(self.root, self.compression, path, log.header, session_id)
+                events = [e for e in log.events if e.seq >= from_seq]
+                return StoredSuffix(log.header, log.inherited_event_count, events)
+        result = self._read_log(session_id)
         if result is None:
             return None
-        log, _revision = result
-        return StoredSuffix(log.header, log.inherited_event_count, log.events[from_seq:])
+        full, _revision = result
+        return StoredSuffix(full.header, full.inherited_event_count, full.events[from_seq:])
+
+    async def load_stored_from(self, session_id: str, from_seq: int) -> StoredSuffix | None:
+        """Events with ``seq >= from_seq``: a v1 log is walked by its declarations, reading only those batches."""
+        if from_seq < 0:
+            raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
+        return await self._run(lambda: self._read_suffix(session_id, from_seq), "reading the session log")
 
     async def read_stored_revision(self, session_id: str) -> str | None:
         """The transcript's current stat revision, ``None`` if absent (also when it vanishes after lookup)."""
 
         def work() -> str | None:
-            self._ensure_preflight()
-            path = find_transcript(self.root, session_id, self.compression, _checkpoint)
+            path = self._find(session_id)
             if path is None:
                 return None
             try:
-                return revision_of(os.stat(path))
+                return revision_of(os.lstat(path))
             except FileNotFoundError:
                 return None
 
-        return await self._run(work)
+        return await self._run(work, "reading the session revision")
 
     async def read_raw(self, session_id: str) -> RawArtifact | None:
-        """The stored JSONL text (decoded from zstd), torn tail omitted; ``None`` if absent. Never mutates."""
-        return await self._run(lambda: self._read_raw_sync(session_id))
+        """The stored JSONL text (decoded, declarations left out), torn tail omitted; ``None`` if absent."""
+        return await self._run(lambda: self._read_raw_sync(session_id), "reading the session log")
+
+    def _plaintext(self, data: bytes, path: str) -> bytes:
+        if is_declared(data[:64], self.compression):
+            parts: list[bytes] = []
+            walk_declared(
+                BufferSource(data),
+                self.compression,
+                path,
+                self.max_batch_bytes,
+                plaintexts=parts,
+                checkpoint=_checkpoint,
+            )
+            return b"".join(parts)
+        if self.compression == "none":
+            # Symmetric with zstd: the torn fragment after the last LF is not part of the stored text.
+            return data[: data.rfind(b"\n") + 1]
+        try:
+            scan = scan_frames(data)
+            if not scan.frames:
+                raise corrupt("corrupt Zstandard session log: empty or header-less Zstandard session log", path)
+            out = []
+            for start, end in scan.frames:
+                _checkpoint()
+                out.append(decode_frame(memoryview(data)[start:end], start, cap=self.max_batch_bytes))
+        except FrameError as exc:
+            raise corrupt(str(exc), path) from exc
+        return b"".join(out)
 
     def _read_raw_sync(self, session_id: str) -> RawArtifact | None:
-        self._ensure_preflight()
-        path = find_transcript(self.root, session_id, self.compression, _checkpoint)
+        path = self._find(session_id)
         if path is None:
             return None
         try:
             data, _revision = stable_read(path)
         except FileNotFoundError:
             return None
-        if self.compression == "zstd":
-            try:
-                scan = scan_frames(data)
-                if not scan.frames:
-                    raise corrupt("corrupt Zstandard session log: empty or header-less Zstandard session log", path)
-                parts = []
-                for start, end in scan.frames:
-                    _checkpoint()
-                    parts.append(decode_frame(memoryview(data)[start:end], start))
-            except FrameError as exc:
-                raise corrupt(str(exc), path) from exc
-            plaintext = b"".join(parts)
-        else:
-            # Symmetric with zstd: the torn fragment after the last LF is not part of the stored text.
-            plaintext = data[: data.rfind(b"\n") + 1]
+        plaintext = self._plaintext(data, path)
         end = plaintext.find(b"\n")
         invalid = f'corrupt session log: invalid header line in "{path}"'
         if end < 0:
@@ -265,31 +379,37 @@ class JsonlBackend:
             raise corrupt(invalid)
         return RawArtifact(header, cut, RAW_FILENAME, plaintext.decode("utf-8", "replace"))
 
-    async def list(self) -> list[SessionHeader]:
-        """Headers of every materialized session (header line / frame 0 only), sorted by path."""
+    def _listing(self) -> tuple[builtins.list[Listed], builtins.list[Damaged]]:
+        self._ensure_preflight()
+        return list_transcripts(self.root, self.compression, self.max_batch_bytes, _checkpoint)
 
-        def work() -> builtins.list[SessionHeader]:
-            self._ensure_preflight()
-            return [entry.header for entry in list_transcripts(self.root, self.compression, _checkpoint)]
+    async def list(self) -> builtins.list[SessionHeader]:
+        """Headers of every listable session (header pair / line / frame 0 only), sorted by path.
 
-        return await self._run(work)
+        A session whose header is damaged or oversized is left out here and reported by :meth:`list_damaged`;
+        it never fails the listing of the others.
+        """
+        return await self._run(lambda: [entry.header for entry in self._listing()[0]], "listing sessions")
+
+    async def list_damaged(self) -> builtins.list[Damaged]:
+        """Session directories whose header cannot be listed (damaged, oversized, not a header, a symlink)."""
+        return await self._run(lambda: self._listing()[1], "listing sessions")
 
     async def list_snapshots(self) -> builtins.list[SessionSnapshot]:
         """Headers with stat revisions; an artifact deleted between discovery and stat is omitted."""
 
         def work() -> builtins.list[SessionSnapshot]:
-            self._ensure_preflight()
             out: builtins.list[SessionSnapshot] = []
-            for entry in list_transcripts(self.root, self.compression, _checkpoint):
+            for entry in self._listing()[0]:
                 _checkpoint()
                 try:
-                    st = os.stat(entry.path)
+                    st = os.lstat(entry.path)
                 except FileNotFoundError:
                     continue
                 out.append(SessionSnapshot(entry.header, revision_of(st)))
             return out
 
-        return await self._run(work)
+        return await self._run(work, "listing sessions")
 
     # --------------------------------------------------------------------------------------------------------
     # writes
@@ -297,10 +417,10 @@ class JsonlBackend:
     def _materialize_sync(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         header = storage.meta
         # Encode everything before touching the disk: an encoding error must leave no trace.
-        data = self._encode_header(storage) + self._encode_batch(events)
+        data = self._encode_header(storage) + (self._encode_batch(events) if events else b"")
         self._ensure_preflight()
         project = project_dir_name(_cwd_of(header))
-        segment = encode_segment(header.id)
+        segment = session_segment(header.id)
         # The other encoding's transcript may have appeared after an empty preflight (spec §1.5, place 4).
         check_target_dir(os.path.join(self.root, project, segment), self.compression)
         ensure_dir_chain(self.root, project, segment)
@@ -312,54 +432,98 @@ class JsonlBackend:
             publish_exclusive(path, data)
         except FileExistsError as exc:
             raise _exists_error(refusal, path) from exc
+        self._declared.add(path)
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
-        await self._run_shielded(lambda: self._materialize_sync(storage, ()))
+        await self._run_shielded(lambda: self._materialize_sync(storage, ()), "materializing the session log")
+
+    def _upgrade_sync(
+        self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
+    ) -> None:
+        """Rewrite a v0 transcript as v1 with ``batch`` appended (after cutting ``marker``'s torn tail, if any)."""
+        data, revision = stable_read(path)
+        if is_declared(data[:64], self.compression):
+            # Upgraded meanwhile (another instance): only a torn tail read from the v0 file is now meaningless.
+            if marker is not None:
+                raise SessionStorageError(f'refusing to repair "{path}": it was rewritten since it was read', path=path)
+            if batch:
+                append_durable(path, self._encode_batch(batch))
+            return
+        log = self._decode(data, path)
+        if marker is not None:
+            if len(data) != marker.expected_size:
+                raise SessionStorageError(
+                    f'refusing to repair "{path}": its size changed from {marker.expected_size} to {len(data)} '
+                    "since the torn tail was read",
+                    path=path,
+                )
+            assert log.torn is not None
+            committed = log.events[: len(log.events) - len(log.torn.recovered_events)]
+        elif log.torn is not None:
+            raise SessionStorageError(
+                f'refusing to upgrade "{path}" to log format v1: it has a torn tail (load the session first)',
+                path=path,
+            )
+        else:
+            committed = log.events
+        if batch and batch[0].seq != len(committed):
+            raise SeqMismatchError(
+                f'append seq mismatch for "{storage.meta.id}": expected {len(committed)} at index 0, got {batch[0].seq}'
+            )
+        stored = StorageMetadata(log.header, log.inherited_event_count)
+        content = declared_log(stored, committed, batch, self.compression, self.pack_chunks, self.max_batch_bytes, path)
+        replace_durable(path, content, expected_revision=revision)
+        self._declared.add(path)
 
     async def append_batch(
         self, storage: StorageMetadata, events: Sequence[SessionEvent], is_materialized: bool
     ) -> None:
-        """Durably append one batch (one zstd frame). The first batch publishes header + batch atomically.
+        """Durably append one declared batch, in one write. The first batch publishes header + batch atomically.
 
         An empty batch is a no-op (it never materializes). A failed append is rolled back to the prior length.
+        The first write to a v0 transcript upgrades the whole file to v1 (atomically, see ``docs/operations.md``).
         """
         if not events:
             return
         batch = list(events)
         if not is_materialized:
-            await self._run_shielded(lambda: self._materialize_sync(storage, batch))
+            await self._run_shielded(lambda: self._materialize_sync(storage, batch), "materializing the session log")
             return
         path = self._path_for(storage.meta)
 
         def work() -> None:
-            append_durable(path, self._encode_batch(batch))
+            if self._is_declared_file(path, storage.meta):
+                append_durable(path, self._encode_batch(batch))
+            else:
+                self._upgrade_sync(storage, path, batch, None)
 
-        await self._run_shielded(work)
+        await self._run_shielded(work, "appending to the session log")
 
     async def commit_repair(
         self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]
     ) -> None:
-        """Cut the torn tail (if any), then append its recovered events plus ``closers`` as one batch.
+        """Cut the torn tail (if any), then append ``closers`` (and a v0 tail's recovered events) as one batch.
 
         Two durable steps, not atomic: a crash between them loses only never-acknowledged torn data, and the
-        next load repairs again.
+        next load repairs again. On a v0 transcript both happen in its upgrade to v1 (one atomic replace).
         """
         if torn_marker is not None and not isinstance(torn_marker, TornTail):
             raise TypeError(f"torn_marker must come from this backend's load_stored, got {type(torn_marker).__name__}")
         path = self._path_for(storage.meta)
-        batch: list[SessionEvent] = []
-        if torn_marker is not None:
-            marker = torn_marker
-            await self._run_shielded(lambda: truncate_durable(path, marker.truncate_to, marker.expected_size))
-            batch.extend(marker.recovered_events)
-        batch.extend(closers)
-        if batch:
+        marker = torn_marker
+        batch = [*(marker.recovered_events if marker is not None else ()), *closers]
 
-            def work() -> None:
+        def work() -> None:
+            if not self._is_declared_file(path, storage.meta):
+                self._upgrade_sync(storage, path, batch, marker)
+                return
+            if marker is not None:
+                truncate_durable(path, marker.truncate_to, marker.expected_size)
+            if batch:
                 append_durable(path, self._encode_batch(batch))
 
-            await self._run_shielded(work)
+        await self._run_shielded(work, "repairing the session log")
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         """Atomically replace the log with ``events`` (a contiguous prefix, possibly empty); header kept."""
@@ -367,14 +531,50 @@ class JsonlBackend:
         batch = list(events)
 
         def work() -> None:
-            data = self._encode_header(storage) + self._encode_batch(batch)
+            data = self._encode_header(storage) + (self._encode_batch(batch) if batch else b"")
             try:
-                os.stat(path)
+                os.lstat(path)
             except FileNotFoundError:
                 raise SessionNotFoundError(storage.meta.id) from None
             replace_durable(path, data)
+            self._declared.add(path)
 
-        await self._run_shielded(work)
+        await self._run_shielded(work, "rewriting the session log")
+
+    # --------------------------------------------------------------------------------------------------------
+    # the operator's explicit step for a damaged final batch
+
+    def _damaged_tail_sync(self, session_id: str) -> DamagedTail | None:
+        path = self._find(session_id)
+        if path is None:
+            raise SessionNotFoundError(session_id)
+        data, _revision = stable_read(path)
+        return find_damaged_tail(data, self.compression, path, self.max_batch_bytes)
+
+    async def find_damaged_tail(self, session_id: str) -> DamagedTail | None:
+        """The damaged final batch of a session's v1 log (``None`` if none); never writes.
+
+        Raises ``SessionPersistenceCorruptionError`` when the damage is not confined to the final batch.
+        """
+        return await self._run(lambda: self._damaged_tail_sync(session_id), "reading the session log")
+
+    async def discard_damaged_tail(self, session_id: str, tail: DamagedTail) -> None:
+        """Cut the file at ``tail.start``, only if it still holds exactly that damaged final batch.
+
+        The operator's explicit step (``dsh-sessions repair --discard-damaged-tail``, under the writer lease):
+        load and crash repair never cut damage.
+        """
+
+        def work() -> None:
+            current = self._damaged_tail_sync(session_id)
+            if current != tail:
+                raise SessionStorageError(
+                    f'refusing to discard the damaged tail of "{tail.path}": the log changed since it was examined',
+                    path=tail.path,
+                )
+            truncate_durable(tail.path, tail.start, tail.size)
+
+        await self._run_shielded(work, "discarding the damaged final batch")
 
     # --------------------------------------------------------------------------------------------------------
     # lifecycle (the work lives in _lifecycle)
@@ -387,18 +587,19 @@ class JsonlBackend:
     async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
         """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``.
 
-        Read-only, so it skips the root preflight (a walk that stats every session again): transcripts of the
-        other encoding are simply not this backend's and are not listed; loads and ``verify`` refuse them.
+        The root preflight (a root holding the other encoding is refused) runs once per backend instance, as for
+        every other read; after it a page costs one ``stat`` per session and the page's headers.
         """
 
         def work() -> builtins.list[SessionListing]:
-            return list_rows(self.root, self.compression, query, _checkpoint)
+            self._ensure_preflight()
+            return list_rows(self.root, self.compression, query, self.max_batch_bytes, _checkpoint)
 
-        return await self._run(work)
+        return await self._run(work, "listing sessions")
 
     async def list_artifacts(self) -> builtins.list[StoredArtifact]:
         """Every transcript file by name, readable or not (``verify`` reports the ones ``list`` leaves out)."""
-        return await self._run(lambda: list_artifacts(self.root, self.compression, _checkpoint))
+        return await self._run(lambda: list_artifacts(self.root, self.compression, _checkpoint), "listing transcripts")
 
     async def load_salvage(self, session_id: str) -> SalvagedLog | None:
         """The events before the first damage of the transcript (read-only); ``None`` if absent."""
@@ -412,11 +613,14 @@ class JsonlBackend:
                 data, _revision = stable_read(path)
             except FileNotFoundError:
                 return None
-            salvaged = (salvage_zstd if self.compression == "zstd" else salvage_raw)(data, path)
+            if is_declared(data[:64], self.compression):
+                salvaged = salvage_declared(data, self.compression, path, self.max_batch_bytes)
+            else:
+                salvaged = (salvage_zstd if self.compression == "zstd" else salvage_raw)(data, path)
             check_identity(self.root, self.compression, path, salvaged.meta, session_id)
             return salvaged
 
-        return await self._run(work)
+        return await self._run(work, "salvaging the session log")
 
     async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
         """Durably unlink the session's transcript (then its empty directory); unknown ids raise."""
@@ -425,18 +629,24 @@ class JsonlBackend:
             self._ensure_preflight()
             delete_transcript(self.root, self.compression, session_id, expected_revision, _checkpoint)
 
-        await self._run_shielded(work)
+        await self._run_shielded(work, "deleting the session log")
 
     async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
-        """Atomically replace the transcript with the header and one batch (one zstd frame), keeping its mtime."""
+        """Atomically replace the transcript with the header and one declared batch, keeping its mtime.
+
+        The result is always the current (v1) format; a session larger than ``max_batch_bytes`` is refused
+        (``BatchTooLargeError``) with nothing written.
+        """
         path = self._path_for(storage.meta)
         batch = list(events)
 
         def work() -> None:
-            data = self._encode_header(storage) + self._encode_batch(batch)
+            # Encoded before anything is touched: an encoding error leaves no trace.
+            data = self._encode_header(storage) + (self._encode_batch(batch) if batch else b"")
             compact_transcript(path, storage.meta.id, data, expected_revision)
+            self._declared.add(path)
 
-        await self._run_shielded(work)
+        await self._run_shielded(work, "compacting the session log")
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.
@@ -445,7 +655,9 @@ class JsonlBackend:
         another backend instance in this one, holds it; the kernel releases it when its holder dies.
         """
         session_dir = os.path.dirname(self._path_for(meta))
-        return await self._run_shielded(lambda: acquire_lease(self.root, session_dir, meta.id))
+        return await self._run_shielded(
+            lambda: acquire_lease(self.root, session_dir, meta.id), "taking the writer lease"
+        )
 
     async def aclose(self) -> None:
         """Nothing to release: no descriptor outlives a primitive call (writer leases are released by their

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import zstandard
 
+from ._bounded import DEFAULT_MAX_BATCH_BYTES, FrameError, decompress_frame_bounded, decompress_partial_bounded
+
 __all__ = [
     "MAGIC",
     "FrameError",
@@ -27,10 +29,6 @@ __all__ = [
 #: Frame magic number 0xFD2FB528, little-endian on disk.
 MAGIC = b"\x28\xb5\x2f\xfd"
 _CORRUPT = "corrupt Zstandard session log: "
-
-
-class FrameError(ValueError):
-    """The byte structure is corrupt at a complete position (not a torn tail)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,34 +113,27 @@ def scan_frames(buf: bytes | memoryview, max_frames: int | None = None, start: i
 
 
 def decode_frame(
-    frame: bytes | memoryview, offset: int, decompressor: zstandard.ZstdDecompressor | None = None
+    frame: bytes | memoryview,
+    offset: int,
+    decompressor: zstandard.ZstdDecompressor | None = None,
+    cap: int = DEFAULT_MAX_BATCH_BYTES,
 ) -> bytes:
-    """Decode one complete frame with checksum validation; corruption names the frame's byte offset.
+    """Decode one complete frame with checksum validation, at most ``cap`` bytes; errors name the offset.
 
     ``decompressor`` may be shared by the frames of one read (same thread): each frame still gets a fresh
     ``decompressobj``, but creating the decompression context per frame was most of a small frame's cost.
     """
-    if decompressor is None:
-        decompressor = zstandard.ZstdDecompressor()
-    dobj = decompressor.decompressobj()
-    try:
-        out = dobj.decompress(frame)
-    except zstandard.ZstdError as exc:
-        raise FrameError(f"{_CORRUPT}frame at byte {offset} failed validation") from exc
-    if not dobj.eof or dobj.unused_data:
-        raise FrameError(f"{_CORRUPT}frame at byte {offset} failed validation")
-    return out
+    return decompress_frame_bounded(frame, offset, cap, decompressor or zstandard.ZstdDecompressor())
 
 
-def decode_partial(data: bytes | memoryview) -> bytes:
+def decode_partial(data: bytes | memoryview, cap: int = DEFAULT_MAX_BATCH_BYTES) -> bytes:
     """Whatever plaintext a streaming decoder yields from a torn frame (unverified: no checksum to check)."""
-    try:
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    except zstandard.ZstdError:
-        return b""
+    return decompress_partial_bounded(data, cap)
 
 
-def find_later_complete_frame(buf: bytes | memoryview, torn_start: int) -> int | None:
+def find_later_complete_frame(
+    buf: bytes | memoryview, torn_start: int, cap: int = DEFAULT_MAX_BATCH_BYTES
+) -> int | None:
     """Offset of a complete, checksum-valid frame after an apparent torn start, if any (spec §2.6 mitigation).
 
     A damaged length or flag field in an earlier frame can make it look torn; if a valid frame follows, the
@@ -157,7 +148,7 @@ def find_later_complete_frame(buf: bytes | memoryview, torn_start: int) -> int |
             end = None
         if end is not None:
             try:
-                decode_frame(memoryview(data)[pos:end], pos)
+                decode_frame(memoryview(data)[pos:end], pos, cap=cap)
             except FrameError:
                 pass
             else:

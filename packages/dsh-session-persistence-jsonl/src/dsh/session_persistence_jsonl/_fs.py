@@ -3,26 +3,30 @@
 Every function here is blocking and runs inside one worker thread, so cancellation can never split a durable
 step. Descriptors are unbuffered (``os.open``/``os.write``): buffered ``open(..., "ab")`` would blur the order of
 write and fsync. Only ``FileNotFoundError`` ever means "absent"; every other OS error propagates, because a
-blocked path must not look like a free id.
+blocked path must not look like a free id. No symlink is followed inside the layout: files are opened with
+``O_NOFOLLOW`` and directories are checked with ``lstat`` (a symlinked directory raises ``ELOOP``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
-import sys
+from collections.abc import Iterator
 
-if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
-    from exceptiongroup import ExceptionGroup
+from dsh.session_persistence.backend import SessionStorageError, SessionWriteInDoubtError
 
 __all__ = [
     "append_durable",
     "ensure_dir_chain",
     "fsync_dir",
     "is_file",
+    "open_read",
     "publish_exclusive",
+    "read_head",
+    "real_dir",
     "replace_durable",
     "revision_of",
     "stable_read",
@@ -33,6 +37,24 @@ DIR_MODE = 0o700
 FILE_MODE = 0o600
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _symlink_refused(path: str) -> OSError:
+    return OSError(errno.ELOOP, "symbolic link inside the session layout refused (links are never followed)", path)
+
+
+def real_dir(path: str) -> bool:
+    """Whether ``path`` is a real directory (``False`` if absent); a symlink or a file in its place raises."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise _symlink_refused(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    return True
 
 
 def revision_of(st: os.stat_result) -> str:
@@ -41,12 +63,28 @@ def revision_of(st: os.stat_result) -> str:
 
 
 def is_file(path: str) -> bool:
-    """Whether ``path`` exists (following symlinks); only ENOENT counts as absent (never ``os.path.exists``)."""
+    """Whether ``path`` exists (never following a symlink, which raises); only ENOENT counts as absent."""
     try:
-        os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return False
+    if stat.S_ISLNK(st.st_mode):
+        raise _symlink_refused(path)
     return True
+
+
+def open_read(path: str) -> int:
+    """A read-only descriptor; a symlink in the last component raises ``ELOOP``."""
+    return os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes of a file (fewer if it is shorter)."""
+    fd = open_read(path)
+    try:
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: str) -> None:
@@ -58,12 +96,17 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _mkdir_one(path: str) -> None:
+def _mkdir_one(path: str, *, layout: bool = True) -> None:
     try:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
-        # Tolerate only an existing directory; a file in the way must surface (EEXIST / ENOTDIR).
-        if not stat.S_ISDIR(os.stat(path).st_mode):
+        # Tolerate only an existing directory; a file in the way must surface (EEXIST / ENOTDIR). Inside the
+        # layout a symlinked directory is refused (writes would land outside the root); the root and its
+        # ancestors are configuration and may be links.
+        st = os.lstat(path)
+        if layout and stat.S_ISLNK(st.st_mode):
+            raise _symlink_refused(path) from None
+        if not stat.S_ISDIR(st.st_mode if layout else os.stat(path).st_mode):
             raise
     fsync_dir(os.path.dirname(path) or os.sep)
 
@@ -87,8 +130,12 @@ def ensure_dir_chain(root: str, *children: str) -> str:
                 break
             probe = parent
     for path in reversed(missing):
-        _mkdir_one(path)
-    _mkdir_one(root)
+        _mkdir_one(path, layout=False)
+    if not missing:
+        # The root itself may be a symlink (it is configuration, not layout); it must lead to a directory.
+        if not stat.S_ISDIR(os.stat(root).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), root)
+        fsync_dir(os.path.dirname(root) or os.sep)
     path = root
     for child in children:
         path = os.path.join(path, child)
@@ -126,12 +173,28 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
 
 
-def publish_exclusive(final_path: str, data: bytes) -> None:
-    """Publish a complete new file: staging file (exclusive, 0o600) + fsync + ``link`` + directory fsync.
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """An ``OSError`` raised inside names ``path`` (fsync and write errors carry no file name of their own)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = path
+        raise
 
-    ``link`` never replaces: a lost race raises ``FileExistsError`` and the winner's file stays untouched
-    (``rename`` would silently replace a committed log). Readers see no file or the complete one.
-    """
+
+def _in_doubt(action: str, path: str, exc: OSError, detail: str) -> SessionWriteInDoubtError:
+    text = exc.strerror or str(exc) or type(exc).__name__
+    return SessionWriteInDoubtError(
+        f'{action} "{path}" is in doubt: {detail} ({text}); read the stored state back before writing again',
+        errno=exc.errno,
+        path=path,
+    )
+
+
+def _publish_exclusive(final_path: str, data: bytes) -> None:
+    """The body of :func:`publish_exclusive` (its OS errors get the path attached there)."""
     tmp = _write_staging(final_path, data)
     try:
         os.link(tmp, final_path)
@@ -140,24 +203,35 @@ def publish_exclusive(final_path: str, data: bytes) -> None:
         raise
     try:
         fsync_dir(os.path.dirname(final_path))
+    except OSError as exc:
+        raise _in_doubt("publishing", final_path, exc, "the log was linked but its directory fsync failed") from exc
     finally:
         # The log is already published; a leftover staging name is harmless.
         _unlink_quietly(tmp)
 
 
-def replace_durable(final_path: str, data: bytes) -> None:
-    """Atomically replace an existing file: staging file + fsync + ``os.replace`` + directory fsync."""
+def _check_unchanged(path: str, expected_revision: str | None) -> None:
+    if expected_revision is not None and revision_of(os.lstat(path)) != expected_revision:
+        raise SessionStorageError(f'refusing to replace "{path}": it changed since it was read', path=path)
+
+
+def _replace_durable(final_path: str, data: bytes, expected_revision: str | None = None) -> None:
+    """The body of :func:`replace_durable` (its OS errors get the path attached there)."""
     tmp = _write_staging(final_path, data)
     try:
+        _check_unchanged(final_path, expected_revision)
         os.replace(tmp, final_path)
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    fsync_dir(os.path.dirname(final_path))
+    try:
+        fsync_dir(os.path.dirname(final_path))
+    except OSError as exc:
+        raise _in_doubt("replacing", final_path, exc, "the new log was renamed into place but not fsynced") from exc
 
 
 def _truncate_to(path: str, size: int) -> None:
-    fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
+    fd = os.open(path, os.O_WRONLY | _O_CLOEXEC | _O_NOFOLLOW)
     try:
         os.ftruncate(fd, size)
         os.fsync(fd)
@@ -165,13 +239,9 @@ def _truncate_to(path: str, size: int) -> None:
         os.close(fd)
 
 
-def append_durable(path: str, data: bytes) -> None:
-    """Append + fsync; on any failure truncate back to the prior length, so no partial bytes survive.
-
-    Opened without ``O_CREAT``: a deleted log fails instead of silently becoming a header-less file. If the
-    rollback fails too, both errors are raised together.
-    """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | _O_CLOEXEC)
+def _append_durable(path: str, data: bytes) -> None:
+    """The body of :func:`append_durable` (its OS errors get the path attached there)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | _O_CLOEXEC | _O_NOFOLLOW)
     try:
         before = os.fstat(fd).st_size
     except BaseException:
@@ -180,25 +250,32 @@ def append_durable(path: str, data: bytes) -> None:
     try:
         _write_all(fd, data)
         os.fsync(fd)
-    except Exception as exc:
+    except OSError as exc:
         os.close(fd)
         try:
             _truncate_to(path, before)
-        except Exception as rollback_exc:
-            raise ExceptionGroup(f'failed to roll back append to "{path}"', [exc, rollback_exc]) from None
+        except OSError as rollback_exc:
+            what = rollback_exc.strerror or str(rollback_exc)
+            raise _in_doubt(
+                "append to", path, exc, f"the append failed and rolling it back failed too ({what})"
+            ) from exc
+        raise
+    except BaseException:
+        os.close(fd)
         raise
     os.close(fd)
 
 
-def truncate_durable(path: str, size: int, expected_size: int) -> None:
-    """Cut a torn tail: refuse if the file changed since it was read, else ftruncate + fsync."""
-    fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
+def _truncate_durable(path: str, size: int, expected_size: int) -> None:
+    """The body of :func:`truncate_durable` (its OS errors get the path attached there)."""
+    fd = os.open(path, os.O_WRONLY | _O_CLOEXEC | _O_NOFOLLOW)
     try:
         current = os.fstat(fd).st_size
         if current != expected_size:
-            raise OSError(
+            raise SessionStorageError(
                 f'refusing to truncate "{path}": its size changed from {expected_size} to {current} '
-                "since the torn tail was read"
+                "since the torn tail was read",
+                path=path,
             )
         os.ftruncate(fd, size)
         os.fsync(fd)
@@ -206,12 +283,67 @@ def truncate_durable(path: str, size: int, expected_size: int) -> None:
         os.close(fd)
 
 
+def _read_all(fd: int, size: int) -> bytes:
+    parts: list[bytes] = []
+    pos = 0
+    while True:
+        chunk = os.pread(fd, max(size - pos, 0) + 65536, pos)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        pos += len(chunk)
+
+
 def stable_read(path: str) -> tuple[bytes, str]:
     """Read the whole file between two equal stats (a concurrent append is never mistaken for a torn tail)."""
     while True:
-        before = revision_of(os.stat(path))
-        with open(path, "rb") as fh:
-            data = fh.read()
-        after = revision_of(os.stat(path))
-        if before == after:
+        fd = open_read(path)
+        try:
+            st = os.fstat(fd)
+            before = revision_of(st)
+            data = _read_all(fd, st.st_size)
+            after = revision_of(os.fstat(fd))
+        finally:
+            os.close(fd)
+        # The name must still be this file: a replacement between open and now would pair old bytes and a new file.
+        if before == after == revision_of(os.lstat(path)):
             return data, after
+
+
+def publish_exclusive(final_path: str, data: bytes) -> None:
+    """Publish a complete new file: staging file (exclusive, 0o600) + fsync + ``link`` + directory fsync.
+
+    ``link`` never replaces: a lost race raises ``FileExistsError`` and the winner's file stays untouched
+    (``rename`` would silently replace a committed log). Readers see no file or the complete one. A failed
+    directory fsync after the link is in doubt (the log is visible but maybe not durable):
+    :class:`SessionWriteInDoubtError`.
+    """
+    with _naming(final_path):
+        _publish_exclusive(final_path, data)
+
+
+def replace_durable(final_path: str, data: bytes, expected_revision: str | None = None) -> None:
+    """Atomically replace an existing file: staging file + fsync + ``os.replace`` + directory fsync.
+
+    ``expected_revision`` (a :func:`revision_of` string) refuses the replacement when the file changed since it
+    was read. A failed directory fsync after the rename is in doubt.
+    """
+    with _naming(final_path):
+        _replace_durable(final_path, data, expected_revision)
+
+
+def append_durable(path: str, data: bytes) -> None:
+    """Append + fsync; on any failure truncate back to the prior length, so no partial bytes survive.
+
+    Opened without ``O_CREAT``: a deleted log fails instead of silently becoming a header-less file. The
+    original ``OSError`` propagates after a clean rollback (nothing of the batch is stored); if the rollback
+    fails too, the batch may be partly stored: :class:`SessionWriteInDoubtError`.
+    """
+    with _naming(path):
+        _append_durable(path, data)
+
+
+def truncate_durable(path: str, size: int, expected_size: int) -> None:
+    """Cut a torn tail: refuse if the file changed since it was read, else ftruncate + fsync."""
+    with _naming(path):
+        _truncate_durable(path, size, expected_size)

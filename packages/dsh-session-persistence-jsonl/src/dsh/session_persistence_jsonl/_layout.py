@@ -5,6 +5,7 @@ Everything here is pure string computation; no function touches the file system.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import Literal
@@ -18,6 +19,7 @@ __all__ = [
     "encode_segment",
     "project_dir_name",
     "project_key",
+    "session_segment",
     "suffix_for",
     "transcript_path",
 ]
@@ -34,6 +36,10 @@ TRANSCRIPT_STEM = "session"
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _SEPARATORS = frozenset((ord("/"), ord("\\"), ord(":")))
 _MAX_SLUG = 251
+#: One path segment (NAME_MAX on every common file system).
+MAX_SEGMENT = 255
+_HASHED_PREFIX = 160
+_HASH_MARK = "~~"
 _ESCAPE = re.compile(r"~([0-9A-F]{4})")
 
 
@@ -70,8 +76,30 @@ def encode_segment(session_id: str) -> str:
     return "".join(_escape_unit(u) for u in _units(session_id))
 
 
+def session_segment(session_id: str) -> str:
+    """The directory name of a session: :func:`encode_segment`, or a hashed form when that is too long.
+
+    An escaped id longer than one path segment (255 bytes; ids of 52+ non-ASCII or 256+ ASCII characters)
+    becomes ``<first escaped characters>~~<SHA-256 of the id, hex>``. The mapping stays injective: an escaped
+    segment never contains ``~~`` (each ``~`` starts a 4-hex-digit escape), and two hashed segments differ
+    unless SHA-256 collides. Listing and loading read the id from the header, so a hashed segment needs no
+    decoding.
+    """
+    encoded = encode_segment(session_id)
+    if len(encoded) <= MAX_SEGMENT:
+        return encoded
+    cut = _HASHED_PREFIX
+    escape = encoded.rfind("~", cut - 4, cut)
+    if escape >= 0:
+        cut = escape  # never keep half an escape
+    digest = hashlib.sha256(session_id.encode("utf-8")).hexdigest()
+    return f"{encoded[:cut]}{_HASH_MARK}{digest}"
+
+
 def decode_segment(segment: str) -> str:
-    """Invert :func:`encode_segment` (used by tests and diagnostics)."""
+    """Invert :func:`encode_segment` (used by tests and diagnostics); a hashed segment cannot be inverted."""
+    if _HASH_MARK in segment:
+        raise ValueError(f"hashed path segment {segment!r} does not hold the whole id")
     units: list[int] = []
     pos = 0
     while pos < len(segment):
@@ -129,5 +157,5 @@ def opposite_suffix(compression: Compression) -> str:
 def transcript_path(root: str, cwd: str | None, session_id: str, compression: Compression) -> str:
     """``<root>/<project dir>/<escaped id>/session<suffix>``, built by string joins only (no I/O)."""
     return os.path.join(
-        root, project_dir_name(cwd), encode_segment(session_id), TRANSCRIPT_STEM + suffix_for(compression)
+        root, project_dir_name(cwd), session_segment(session_id), TRANSCRIPT_STEM + suffix_for(compression)
     )

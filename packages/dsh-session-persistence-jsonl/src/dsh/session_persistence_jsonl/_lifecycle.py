@@ -25,11 +25,11 @@ from dsh.session_persistence.backend import (
     StoredArtifact,
 )
 
-from ._discovery import _read_raw_header, _read_zstd_header, check_identity, find_transcript
+from ._discovery import check_identity, find_transcript, read_listed
 from ._fs import fsync_dir, is_file, replace_durable, revision_of
 from ._layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, Compression, decode_segment, project_key, suffix_for
 from ._lease import acquire_lease
-from ._records import NotAHeaderError, parse_header_line
+from ._records import NotAHeaderError
 
 __all__ = ["compact_transcript", "delete_transcript", "list_artifacts", "list_rows"]
 
@@ -111,21 +111,23 @@ def _in_order(cands: list[_Candidate], first: int) -> Iterator[_Candidate]:
     yield from cands
 
 
-def _read_header(root: str, compression: Compression, cand: _Candidate, checkpoint: Checkpoint) -> SessionHeader | None:
-    read = _read_zstd_header if compression == "zstd" else _read_raw_header
+def _read_header(
+    root: str, compression: Compression, cand: _Candidate, cap: int, checkpoint: Checkpoint
+) -> SessionHeader | None:
     _neg, session_id, path, _st = cand
     try:
-        line = read(path, checkpoint)
-        if line is None:
+        listed = read_listed(path, compression, cap, checkpoint)
+        if listed is None:
             return None
-        header, _cut = parse_header_line(line, path, refuse_versions=False)
-        check_identity(root, compression, path, header, session_id)
+        check_identity(root, compression, path, listed.header, session_id)
     except (FileNotFoundError, NotAHeaderError, SessionPersistenceError):
         return None
-    return header
+    return listed.header
 
 
-def list_rows(root: str, compression: Compression, query: ListQuery, checkpoint: Checkpoint) -> list[SessionListing]:
+def list_rows(
+    root: str, compression: Compression, query: ListQuery, cap: int, checkpoint: Checkpoint
+) -> list[SessionListing]:
     """Answer a listing query over ``root`` (see the module docstring for what each order costs)."""
     cands = _candidates(root, compression, query, checkpoint)
     if query.order == "recent":
@@ -135,7 +137,7 @@ def list_rows(root: str, compression: Compression, query: ListQuery, checkpoint:
             if limit is not None and len(rows) >= limit:
                 break
             checkpoint()
-            header = _read_header(root, compression, cand, checkpoint)
+            header = _read_header(root, compression, cand, cap, checkpoint)
             if header is None or not query.matches_header(header):
                 continue
             rows.append(SessionListing(header, -cand[0], revision_of(cand[3])))
@@ -143,7 +145,7 @@ def list_rows(root: str, compression: Compression, query: ListQuery, checkpoint:
     every: list[SessionListing] = []
     for cand in cands:
         checkpoint()
-        header = _read_header(root, compression, cand, checkpoint)
+        header = _read_header(root, compression, cand, cap, checkpoint)
         if header is not None:
             every.append(SessionListing(header, -cand[0], revision_of(cand[3])))
     kept = sorted((row for row in every if query.matches(row)), key=query.order_key)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import zstandard
 from dsh.session_persistence.backend import SalvagedLog, SessionHeader
 
+from ._batches import BatchDamage, BufferSource, walk_declared
 from ._frames import FrameError, decode_frame, scan_frames
+from ._layout import Compression
 from ._records import NotAHeaderError, corrupt, parse_header_line
 from ._scan import LineScanner
 
-__all__ = ["salvage_raw", "salvage_zstd"]
+__all__ = ["salvage_declared", "salvage_raw", "salvage_zstd"]
 
 
 def _header(line: bytes, path: str) -> tuple[SessionHeader, int]:
@@ -85,3 +87,22 @@ def salvage_zstd(data: bytes, path: str) -> SalvagedLog:
             break
         pos = stop
     return SalvagedLog(header, cut, scanner.events, damage)
+
+
+def salvage_declared(data: bytes, compression: Compression, path: str, cap: int) -> SalvagedLog:
+    """The prefix of a declared (v1) transcript: the walk is repeated over the bytes before each damaged batch
+    until it reads cleanly (every retry ends strictly earlier, so this stops)."""
+    limit = len(data)
+    damage: str | None = None
+    while True:
+        try:
+            log = walk_declared(BufferSource(data[:limit]), compression, path, cap)
+        except BatchDamage as exc:
+            if not 0 < exc.offset < limit:
+                raise corrupt(f"cannot salvage: {exc}", path) from exc
+            damage = damage or str(exc)
+            limit = exc.offset
+            continue
+        if damage is None and log.torn is not None:
+            damage = f"a torn tail (an unfinished last batch at byte {log.torn.truncate_to})"
+        return SalvagedLog(log.header, log.inherited_event_count, log.events, damage)

@@ -20,12 +20,23 @@ from dsh.session_persistence.backend import (
     first_seq_gap,
 )
 
+from ._bounded import DEFAULT_MAX_BATCH_BYTES
 from ._frames import FrameError, decode_frame, decode_partial, find_later_complete_frame, scan_frames
 from ._records import NotAHeaderError, corrupt, parse_header_line
 
-__all__ = ["CommittedDamage", "DecodedLog", "LineScanner", "TornTail", "decode_raw_log", "decode_zstd_log"]
+__all__ = [
+    "HEADER_CAP",
+    "CommittedDamage",
+    "DecodedLog",
+    "LineScanner",
+    "TornTail",
+    "decode_raw_log",
+    "decode_zstd_log",
+]
 
 _RAW_FEED_CHUNK = 1 << 20
+#: A header is read by ``list`` for every session: one larger than this is damage, not a read.
+HEADER_CAP = 1 << 20
 _TORN_RECORD = "corrupt Zstandard session log: complete frame contains a torn JSONL record"
 
 
@@ -181,14 +192,18 @@ def decode_raw_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None 
 
 
 def _feed_complete_frames(
-    view: memoryview, frames: list[tuple[int, int]], scanner: LineScanner, checkpoint: Callable[[], None] | None
+    view: memoryview,
+    frames: list[tuple[int, int]],
+    scanner: LineScanner,
+    checkpoint: Callable[[], None] | None,
+    cap: int,
 ) -> None:
     """Complete frames are all-or-nothing: each must decode, end on LF and hold no defect."""
     decompressor = zstandard.ZstdDecompressor()
     for start, stop in frames:
         if checkpoint is not None:
             checkpoint()
-        plaintext = decode_frame(view[start:stop], start, decompressor)
+        plaintext = decode_frame(view[start:stop], start, decompressor, cap)
         scanner.feed_frame(plaintext)
         if scanner.has_fragment or not plaintext:
             raise CommittedDamage(_TORN_RECORD)
@@ -196,7 +211,9 @@ def _feed_complete_frames(
         raise CommittedDamage(f"{_TORN_RECORD} ({scanner.defect})") from scanner.defect_cause
 
 
-def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None = None) -> DecodedLog:
+def decode_zstd_log(
+    buf: bytes, path: str, checkpoint: Callable[[], None] | None = None, cap: int = DEFAULT_MAX_BATCH_BYTES
+) -> DecodedLog:
     """Decode a ``compression="zstd"`` transcript: complete frames all-or-nothing, then the torn last frame."""
     view = memoryview(buf)
     try:
@@ -205,7 +222,7 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
         raise corrupt(str(exc), path) from exc
     torn_start = scan.torn_start
     if torn_start is not None:
-        later = find_later_complete_frame(view, torn_start)
+        later = find_later_complete_frame(view, torn_start, cap)
         if later is not None:
             raise corrupt(
                 f"corrupt Zstandard session log: apparent torn frame at byte {torn_start} "
@@ -215,7 +232,7 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
     if not scan.frames:
         raise corrupt("corrupt Zstandard session log: empty or header-less Zstandard session log", path)
     try:
-        first = decode_frame(view[scan.frames[0][0] : scan.frames[0][1]], 0)
+        first = decode_frame(view[scan.frames[0][0] : scan.frames[0][1]], 0, cap=min(cap, HEADER_CAP))
     except FrameError as exc:
         raise corrupt(str(exc), path) from exc
     if not first.endswith(b"\n") or first.count(b"\n") != 1:
@@ -223,7 +240,7 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
     header, cut = _split_header(path, first[:-1])
     scanner = LineScanner(strict=True)
     try:
-        _feed_complete_frames(view, scan.frames[1:], scanner, checkpoint)
+        _feed_complete_frames(view, scan.frames[1:], scanner, checkpoint, cap)
     except (FrameError, CommittedDamage) as exc:
         raise corrupt(str(exc), path) from (exc.__cause__ or exc)
     committed_end = scan.frames[-1][1]
@@ -231,6 +248,6 @@ def decode_zstd_log(buf: bytes, path: str, checkpoint: Callable[[], None] | None
     if torn_start is not None:
         count = len(scanner.events)
         scanner.strict = False
-        scanner.feed(decode_partial(view[torn_start:]))
+        scanner.feed(decode_partial(view[torn_start:], cap))
         torn = TornTail(truncate_to=torn_start, recovered_events=scanner.events[count:], expected_size=len(buf))
     return DecodedLog(header, cut, scanner.events, torn, len(buf), committed_end, scan.frames)

@@ -47,8 +47,9 @@ from ._errors import (
     SessionPersistenceError,
     UnsupportedOperationError,
 )
-from ._events import SessionEvent, decode_event, event_to_builtins
-from ._header import SessionHeader, header_to_builtins
+from ._event_codec import decode_event, event_to_builtins
+from ._events import SessionEvent
+from ._header import SessionHeader, check_header_cwd, header_to_builtins
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError, is_safe_int, snapshot_json
 from ._listing import SessionPage
@@ -120,8 +121,8 @@ class PersistenceCoordinator:
     """The session persistence service: durable, serialized, validated storage of live and cold sessions.
 
     :param host: the plugin host; its ``sessions`` store (if any) tells which ids are live.
-    :param backend: the storage primitives (:class:`~dsh.session_persistence.SessionBackend`); its optional
-        primitives are resolved once, here.
+    :param backend: the storage primitives (:class:`~dsh.session_persistence.backend.SessionBackend`); its
+        optional primitives are resolved once, here.
     :param write_batch_max_delay_ms: the write-behind window, an integer in ``1..2147483647`` (default 200).
     :param prepared_session_cache_size: validated for forward compatibility (the cache is not implemented yet).
     :param scheduler: timers for the write-behind windows; defaults to tasks sleeping in the coordinator's task
@@ -309,6 +310,8 @@ class PersistenceCoordinator:
         cut = 0 if inherited_event_count is None else _check_offset(inherited_event_count)
         if not seeded and cut != 0:
             raise TypeError("unseeded session metadata inherited event count must be 0")
+        if "cwd" in data:
+            check_header_cwd(data["cwd"])  # the live path's rule and message (a relative cwd is never listable)
         try:
             header = meta if isinstance(meta, SessionHeader) else msgspec.convert(data, SessionHeader)
         except msgspec.ValidationError as exc:

@@ -1,4 +1,4 @@
-"""The error taxonomy shared by every package (DESIGN.md §6).
+"""The error taxonomy shared by every package.
 
 Persistence errors derive from :class:`SessionPersistenceError`; errors raised by the in-memory session core
 for bad caller input are plain ``ValueError``/``TypeError`` subclasses so they read naturally at the call site.
@@ -176,7 +176,7 @@ class UnknownEventTypeError(EventValidationError):
 
 
 class TurnInvariantError(ValueError):
-    """An event breaks the turn/step relational rules (session-core §2.2)."""
+    """An event breaks the turn/step rules (a turn or step opened twice, closed without opening, out of order)."""
 
     def __init__(self, message: str, rule: str, seq: int) -> None:
         super().__init__(message)

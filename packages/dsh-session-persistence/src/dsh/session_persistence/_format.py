@@ -11,19 +11,20 @@ from collections.abc import Iterable
 import msgspec
 
 from ._errors import SessionFormatUnsupportedError
-from ._events import SessionEvent, first_refused_unknown
-from ._header import SESSION_FORMAT_VERSION
+from ._event_codec import first_refused_unknown
+from ._events import SessionEvent
+from ._header import READABLE_FORMAT_VERSIONS, SESSION_FORMAT_VERSION
 
 __all__ = ["check_format_version", "refuse_unknown_events"]
 
 
 def check_format_version(session_id: object, version: object, location: str | None = None) -> None:
-    """Raise :class:`SessionFormatUnsupportedError` unless ``version`` is :data:`SESSION_FORMAT_VERSION`.
+    """Raise :class:`SessionFormatUnsupportedError` unless ``version`` is one this build reads.
 
     A version that is not a number is left to header validation (it is corruption, not a refusal). A
     ``session_id`` that is not a string (a damaged header's ``id``) is shown as its JSON text.
     """
-    if type(version) not in (int, float) or version == SESSION_FORMAT_VERSION:
+    if type(version) not in (int, float) or version in READABLE_FORMAT_VERSIONS:
         return
     shown = int(version) if isinstance(version, float) and version.is_integer() else version
     current = SESSION_FORMAT_VERSION

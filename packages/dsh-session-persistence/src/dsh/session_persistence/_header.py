@@ -1,4 +1,4 @@
-"""The session header: immutable metadata stored beside the log, never as an event (session-core §5.1)."""
+"""The session header: immutable metadata stored beside the log, never as an event."""
 
 from __future__ import annotations
 
@@ -11,15 +11,20 @@ from msgspec import UNSET, UnsetType
 from ._json import NotLosslessJsonError, is_safe_int, snapshot_json
 
 __all__ = [
+    "READABLE_FORMAT_VERSIONS",
     "SESSION_FORMAT_VERSION",
     "SessionHeader",
+    "check_header_cwd",
     "header_from_builtins",
     "header_from_stored",
     "header_to_builtins",
 ]
 
-#: The only log format this build reads and writes.
-SESSION_FORMAT_VERSION = 0
+#: The log format this build writes: v1 (declared batches in the JSONL backend).
+SESSION_FORMAT_VERSION = 1
+#: Every log format this build reads: v0 logs (written by 0.1) keep loading; a backend upgrades or refuses
+#: them on their first write.
+READABLE_FORMAT_VERSIONS = frozenset({0, 1})
 
 
 class SessionHeader(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -39,6 +44,20 @@ class SessionHeader(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     delegation_depth: int | UnsetType = UNSET
     agent_preset: str | UnsetType = UNSET
 
+    def __post_init__(self) -> None:
+        # Every way of building a header (the live path, PersistenceCoordinator.create, a decoded log) gets the
+        # same rule: a relative cwd would name a different project directory from every other process.
+        if self.cwd is not UNSET:
+            check_header_cwd(self.cwd)
+
+
+def check_header_cwd(cwd: object) -> None:
+    """Raise ``ValueError`` unless ``cwd`` is an absolute path string (the one rule for every create path)."""
+    if type(cwd) is not str:
+        raise ValueError("session header cwd must be a string")
+    if not os.path.isabs(cwd):
+        raise ValueError(f'session header cwd must be an absolute path, got "{cwd}"')
+
 
 def header_to_builtins(header: SessionHeader) -> dict[str, Any]:
     """The header as a plain JSON object (camelCase keys, unset fields absent)."""
@@ -53,7 +72,7 @@ def _non_negative_safe_int(value: object) -> bool:
 def header_from_builtins(obj: object, *, expected_id: str | None = None) -> SessionHeader:
     """Validate a plain JSON header and build a frozen :class:`SessionHeader`.
 
-    Checks run in the spec's table order and the first failure wins; messages match session-core §5.1.
+    Fields are checked in a fixed order and the first failure wins, as a ``ValueError`` naming the field.
     Extra keys other than the retired ``seedLength`` are tolerated (and not kept).
     """
     if type(obj) is not dict:
@@ -66,7 +85,7 @@ def header_from_builtins(obj: object, *, expected_id: str | None = None) -> Sess
     if "seedLength" in data:
         raise ValueError('session header has invalid field "seedLength"')
     version = data.get("version")
-    if version != SESSION_FORMAT_VERSION or not is_safe_int(version):
+    if not is_safe_int(version) or version not in READABLE_FORMAT_VERSIONS:
         raise ValueError(f"session header version must be {SESSION_FORMAT_VERSION}, got {version!r}")
     sid = data.get("id")
     if type(sid) is not str or (expected_id is not None and sid != expected_id):
@@ -79,10 +98,7 @@ def header_from_builtins(obj: object, *, expected_id: str | None = None) -> Sess
     kwargs: dict[str, Any] = {"version": version, "id": sid, "created_at": created_at}
     if "cwd" in data:
         cwd = data["cwd"]
-        if type(cwd) is not str:
-            raise ValueError("session header cwd must be a string")
-        if not os.path.isabs(cwd):
-            raise ValueError(f'session header cwd must be an absolute path, got "{cwd}"')
+        check_header_cwd(cwd)
         kwargs["cwd"] = cwd
     if "parentSession" in data:
         if type(data["parentSession"]) is not str:

@@ -30,7 +30,8 @@ from ._errors import (
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
 )
-from ._events import SessionEvent, decode_event_line, encode_event
+from ._event_codec import decode_event_line, encode_event
+from ._events import SessionEvent
 from ._header import SessionHeader, header_to_builtins
 from ._listing import ListQuery, SessionListing, page_of
 

@@ -11,11 +11,12 @@ cause chained, whichever reader found it.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
+from ._contiguity import first_seq_gap
 from ._errors import SessionPersistenceCorruptionError
-from ._events import SessionEvent, event_to_builtins
+from ._event_codec import event_to_builtins
+from ._events import SessionEvent
 from ._format import check_format_version, refuse_unknown_events
 from ._header import SessionHeader, header_from_builtins, header_to_builtins
 from ._json import is_safe_int
@@ -29,8 +30,6 @@ __all__ = [
     "validate_stored",
 ]
 
-_seq_of = operator.attrgetter("seq")
-
 
 def corruption(session_id: str, cause: Exception) -> SessionPersistenceCorruptionError:
     """The one wrapping of a defect found in stored data (``cause`` chained)."""
@@ -40,13 +39,11 @@ def corruption(session_id: str, cause: Exception) -> SessionPersistenceCorruptio
 
 
 def check_contiguous(events: Sequence[SessionEvent], start: int = 0) -> None:
-    """Raise ``ValueError`` naming the first event whose seq is not ``start + index``."""
-    # One C-level comparison for the common (valid) case; the loop only runs to name the first bad index.
-    if list(map(_seq_of, events)) == list(range(start, start + len(events))):
-        return
-    for index, event in enumerate(events):
-        if event.seq != start + index:
-            raise ValueError(f"stored event at index {start + index} has seq {event.seq}")
+    """Raise ``ValueError`` naming the first stored event whose seq is not ``start + index`` (the rule itself is
+    :func:`first_seq_gap`; this is its wording for stored data)."""
+    index = first_seq_gap(events, start)
+    if index is not None:
+        raise ValueError(f"stored event at index {start + index} has seq {events[index].seq}")
 
 
 def same_events(left: Sequence[SessionEvent], right: Sequence[SessionEvent]) -> bool:

@@ -60,9 +60,7 @@ from ._errors import (
     SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
-from ._events import (
-    EVENT_TYPES,
-    SessionEvent,
+from ._event_codec import (
     check_message_shape,
     check_source_event_seqs,
     decode_event,
@@ -71,8 +69,10 @@ from ._events import (
     event_to_builtins,
     first_refused_unknown,
 )
+from ._events import EVENT_TYPES, SessionEvent
 from ._format import check_format_version, refuse_unknown_events
 from ._header import (
+    READABLE_FORMAT_VERSIONS,
     SESSION_FORMAT_VERSION,
     SessionHeader,
     header_from_builtins,
@@ -106,6 +106,7 @@ __all__ = [
     "ListQuery",
     "MAX_SAFE_INTEGER",
     "RawArtifact",
+    "READABLE_FORMAT_VERSIONS",
     "SESSION_FORMAT_VERSION",
     "SalvagedLog",
     "SeqMismatchError",
@@ -146,8 +147,8 @@ __all__ = [
     "SupportsSeek",
     "SupportsWriterLease",
     "UnsupportedOperationError",
-    "WriterLease",
     "check_contiguous",
+    "WriterLease",
     "check_format_version",
     "check_message_shape",
     "check_source_event_seqs",

@@ -4,7 +4,9 @@ A model adapter speaks this protocol: it yields stream chunks (``TextDeltaChunk`
 ``UsageChunk``, ``FinishChunk``, ...) and the reference loop turns them into the events stored in a session log
 (``AssistantChunk``, ``AssistantMessage``, ``ToolCall``, ``ToolResult``, ...). Every struct here is a frozen
 msgspec Struct whose wire names are camelCase; optional fields are ``msgspec.UNSET`` and left out of the wire
-form. Import these names from this module; the modules whose names start with ``_`` are private.
+form. Event payloads that are free JSON (tool arguments, plugin data) must be plain, lossless JSON values
+(:data:`JsonValue`, checked by :func:`snapshot_json`, which raises :class:`NotLosslessJsonError`). Import these
+names from this module; the modules whose names start with ``_`` are private.
 """
 
 from __future__ import annotations
@@ -80,8 +82,14 @@ from ._events import (
     UserMessage,
     UserSource,
 )
+from ._json import MAX_JSON_DEPTH, JsonValue, NotLosslessJsonError, is_json_value, snapshot_json
 
 __all__ = [
+    "MAX_JSON_DEPTH",
+    "JsonValue",
+    "NotLosslessJsonError",
+    "is_json_value",
+    "snapshot_json",
     "AbortCause",
     "AbortedReason",
     "AdapterDefaults",

@@ -1,9 +1,9 @@
-"""The optional invariant companion: checks every appended event against the turn/step rules (session-core §2.2).
+"""The optional invariant companion: checks every appended event against the turn/step rules.
 
 The session core does not enforce the turn/step relations on a live append unless the store was built with
 ``check_turns=True`` (which *refuses* a bad event). This companion is the observing alternative, for tests and
 debugging: registered on a :class:`~dsh.session_persistence.Host`, it runs one incremental
-:class:`~dsh.session_persistence.TurnValidator` per live session (seeded from the session's events when it first
+:class:`TurnValidator` per live session (seeded from the session's events when it first
 sees the session, then fed every ``session_event``) and reports a violation as an error naming the session, the
 seq and the rule. It never undoes the append: the event is already committed when ``session_event`` runs. Each
 violation is logged at ``ERROR`` (logger ``dsh.session_persistence.invariant``) and kept in
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import TurnInvariantError
 from ._host import Host, hookimpl
-from ._validator import TurnValidator
+from ._validator import TurnValidator, validate_turns
 
 if TYPE_CHECKING:
     from ._events import SessionEvent
@@ -59,10 +59,12 @@ __all__ = [
     "InvariantViolationError",
     "NoRuntimeInvariant",
     "TurnInvariantCompanion",
+    "TurnValidator",
     "find_companion",
     "load_invariant_companions",
     "register",
     "register_no_runtime_invariant",
+    "validate_turns",
     "watch_new_hosts",
 ]
 

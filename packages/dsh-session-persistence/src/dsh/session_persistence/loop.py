@@ -1,7 +1,7 @@
 """A small, real reference agent loop that drives a model adapter and tools through the boundary hooks.
 
 :class:`AgentLoop` is what the integration suite, the crash tests and the demo run: it records the canonical events
-of a turn in order (spec/policy.md §1.2, §6)::
+of a turn in order::
 
     turn/start
       step/start, user/message..., request/header, request/context?,
@@ -522,12 +522,12 @@ class AgentLoop:
             raise RuntimeError(f'session "{self._session.id}" has an open turn')
         signal = CancelSignal()
         self._signal = signal
-        self.host.notify_agent_status(self, "running")
+        self.host.agent_status(self, "running")
         try:
             return await self._turn(self._user_messages(messages), signal)
         finally:
             self._signal = None
-            self.host.notify_agent_status(self, "idle")
+            self.host.agent_status(self, "idle")
 
     def _user_messages(self, messages: str | Message | Sequence[str | Message]) -> list[Message]:
         items: Sequence[str | Message] = [messages] if isinstance(messages, (str, Message)) else messages
@@ -594,7 +594,7 @@ class AgentLoop:
                         exc.failure if isinstance(exc, LlmError) else {"message": _error_text(exc), "code": "UNKNOWN"}
                     )
                     reason = {"kind": "error", "error": failure}
-                    self.host.notify_agent_error(self, turn, step, exc)
+                    self.host.agent_error(self, turn, step, exc)
         except BaseException:
             # Native cancellation (host teardown): close the turn honestly, then let the cancellation go on.
             signal.abort("disposed")

@@ -6,7 +6,8 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from .._events import InterruptedReason, encode_event
+from .._event_codec import encode_event
+from .._events import InterruptedReason
 from .._host import Host
 from ._context import Stack
 from ._errors import EXIT_DAMAGED, EXIT_OK, CliError
@@ -171,13 +172,12 @@ def plugin_rows(host: Host) -> list[dict[str, Any]]:
     """Every registered plugin with its distribution, hooks and backends."""
     dists = {id(plugin): dist for plugin, dist in host.list_plugin_distinfo()}
     backends: dict[str, list[str]] = {}
-    for impl in host.hook.dsh_session_backends.get_hookimpls():
-        try:
-            provided: Any = impl.function(*[{"host": host}[name] for name in impl.argnames])
+    for plugin_name, provided in host.backends_by_plugin().items():
+        if isinstance(provided, Exception):
+            names = [f"<error: {provided}>"]
+        else:
             names = [str(getattr(cls, "NAME", "?")) for cls in provided]
-        except Exception as exc:
-            names = [f"<error: {exc}>"]
-        backends.setdefault(impl.plugin_name, []).extend(names)
+        backends.setdefault(plugin_name, []).extend(names)
     rows = []
     for name, plugin in host.list_name_plugin():
         if plugin is None:

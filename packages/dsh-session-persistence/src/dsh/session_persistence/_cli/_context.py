@@ -2,7 +2,7 @@
 
 The root comes from ``--root``, else ``DSH_SESSIONS_ROOT``, else the user's XDG data directory
 (``$XDG_DATA_HOME/dsh-sessions``, or ``~/.local/share/dsh-sessions``); never the process's working directory.
-Backends are found through the ``dsh.session`` entry points (``Host.load_entrypoints`` + ``Host.backends``).
+Backends are found through the ``dsh.session`` entry points (``Host.load_entrypoints`` + ``Host.dsh_session_backends``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from .._backend import SessionBackend
 from .._coordinator import PersistenceCoordinator
+from .._errors import SessionStorageError
 from .._host import Host
 from ._errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 
@@ -127,6 +128,10 @@ def build_backend(name: str, cls: type[object], root: str, options: Mapping[str,
         raise CliError(
             f'cannot configure backend "{name}": {exc} (pass options with -o KEY=VALUE)', EXIT_USAGE
         ) from exc
+    except SessionStorageError as exc:
+        cause = exc.__cause__
+        message = storage_message(cause, root) if isinstance(cause, OSError) else str(exc)
+        raise CliError(message, EXIT_UNAVAILABLE) from exc
     except ValueError as exc:
         raise CliError(f'cannot configure backend "{name}": {exc}', EXIT_USAGE) from exc
     except OSError as exc:
@@ -155,7 +160,7 @@ class Stack:
 def select_backend(host: Host, name: str | None) -> tuple[str, type[object]]:
     """The backend class named ``name`` (default: ``jsonl`` when installed, else the only one installed)."""
     try:
-        found = host.backends()
+        found = host.dsh_session_backends()
     except (TypeError, ValueError) as exc:
         raise CliError(f"installed backend plugins conflict: {exc}", EXIT_UNAVAILABLE) from exc
     if name is None:

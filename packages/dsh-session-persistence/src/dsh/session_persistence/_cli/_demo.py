@@ -26,7 +26,7 @@ import anyio
 import anyio.to_thread
 
 from .._coordinator import PersistenceCoordinator
-from .._events import event_to_builtins
+from .._event_codec import event_to_builtins
 from .._session import SessionStore
 from ..loop import AgentLoop
 from ._context import Stack, load_host, select_backend

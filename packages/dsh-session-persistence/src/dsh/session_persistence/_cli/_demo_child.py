@@ -49,7 +49,7 @@ async def run(root: str, work: str, session_id: str = SESSION_ID) -> None:
     host = Host()
     host.load_entrypoints()  # the JSONL backend and the checkpoint policy, found as installed plugins
     store = SessionStore(host)
-    backend: Any = host.backends()["jsonl"](root)  # type: ignore[call-arg]
+    backend: Any = host.dsh_session_backends()["jsonl"](root)  # type: ignore[call-arg]
     async with PersistenceCoordinator(host, backend):
         meta = {"version": 0, "id": session_id, "createdAt": int(time.time() * 1000), "cwd": work, "isSeeded": False}
         session = store.create(session_id, meta=meta)

@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     repair = command("repair", "commit crash repair for one session (cold load)")
     repair.add_argument("id", help="session id")
     repair.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    repair.add_argument(
+        "--discard-damaged-tail",
+        action="store_true",
+        help="discard a damaged FINAL batch (printing what is lost first); damage elsewhere is never cut",
+    )
     export = command("export", "the decoded log as JSONL on stdout (what inspect returns)")
     export.add_argument("id", help="session id")
     export.add_argument(
@@ -156,6 +161,8 @@ def _classify(exc: BaseException, root: str | None) -> CliError | None:
         return CliError(str(exc), EXIT_NOT_FOUND)
     if isinstance(exc, LifecycleArgumentError):
         return CliError(str(exc), EXIT_USAGE)
+    if isinstance(exc, SessionStorageError) and isinstance(exc.__cause__, OSError):
+        return CliError(storage_message(exc.__cause__, root or "?"), EXIT_UNAVAILABLE)
     if isinstance(exc, SessionStorageError):
         return CliError(str(exc), EXIT_UNAVAILABLE)
     if isinstance(exc, (SessionFormatUnsupportedError, SessionPersistenceCorruptionError, SessionPersistenceError)):

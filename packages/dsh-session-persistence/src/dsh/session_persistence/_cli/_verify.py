@@ -6,6 +6,7 @@ import argparse
 from collections import Counter
 
 from ._context import Stack
+from ._discard import discard_damaged_tail
 from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_OK, EXIT_USAGE, CliError
 from ._examine import SessionReport, examine
 from ._io import Io
@@ -88,13 +89,20 @@ def _confirm(io: Io, session_id: str) -> bool:
 async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Say what a cold load will commit, confirm, then load (which commits the repair)."""
     report = await examine(stack, args.id)
+    discarded = None
+    if not report.recoverable and getattr(args, "discard_damaged_tail", False) and report.status == "corrupt":
+        discarded = await discard_damaged_tail(stack, io, args.id, yes=args.yes, json=args.json, confirm=_confirm)
+        report = await examine(stack, args.id)
     if not report.recoverable:
         raise CliError(
             f"cannot repair: {report.message} (crash repair only closes interrupted turns and cuts torn tails; "
-            "damaged committed data is never rewritten)",
+            "damaged committed data is never rewritten; if only the final batch is damaged, "
+            f"`dsh-sessions repair --discard-damaged-tail {report.id}` discards it after showing what is lost)",
             EXIT_DAMAGED,
         )
     plan = closer_plan(report)
+    if discarded is not None:
+        plan.insert(0, f"discarded {discarded}")
     if not plan:
         if args.json:
             write_json(io.out, {"id": report.id, "plan": [], "repaired": False, "events": report.stored_events})
@@ -106,7 +114,7 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         for line in plan:
             io.out.write(f"  - {line}\n")
         io.out.flush()
-    if not args.yes and not _confirm(io, report.id):
+    if not args.yes and discarded is None and not _confirm(io, report.id):
         raise CliError("repair declined; nothing was written", EXIT_DECLINED)
     view = await stack.coordinator.load(args.id)
     after = await examine(stack, args.id)

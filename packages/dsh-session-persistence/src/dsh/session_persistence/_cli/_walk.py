@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from .._errors import SessionNotFoundError
 from .._header import header_to_builtins
@@ -15,8 +16,24 @@ from ._output import Progress, iso_time
 __all__ = ["closer_plan", "report_json", "walk"]
 
 
+@runtime_checkable
+class ListsDamaged(Protocol):
+    """A backend that reports sessions whose header cannot be listed (each on its own, never failing ``list``)."""
+
+    async def list_damaged(self) -> Sequence[Any]: ...
+
+
+async def _damaged(stack: Stack) -> list[SessionReport]:
+    if not isinstance(stack.backend, ListsDamaged):
+        return []
+    return [
+        SessionReport(id=d.session_id or d.path, status="corrupt", message=d.message, location=d.path)
+        for d in await stack.backend.list_damaged()
+    ]
+
+
 async def walk(stack: Stack, io: Io, label: str) -> list[SessionReport]:
-    """Examine every listed session (read-only), newest first by creation time."""
+    """Examine every listed session (read-only), newest first by creation time; unlistable ones count as damaged."""
     headers = await stack.coordinator.list()
     progress = Progress(io.err, label, len(headers))
     reports: list[SessionReport] = []
@@ -27,6 +44,7 @@ async def walk(stack: Stack, io: Io, label: str) -> list[SessionReport]:
             progress.update(done)
     finally:
         progress.done()
+    reports.extend(await _damaged(stack))
     reports.sort(key=lambda r: (r.header.created_at if r.header is not None else 0, r.id), reverse=True)
     return reports
 

@@ -1,0 +1,368 @@
+"""Log format v1: declared batches, encoded and walked (torn versus damaged decided from the declarations).
+
+A v1 transcript is a sequence of *(declaration, data)* pairs. The first pair holds the header line (count 0);
+each later pair holds one durable batch (count >= 1, seqs contiguous across batches). A reader walks the
+declarations and verifies each batch's data against its CRC:
+
+* **torn tail** (a write that never completed, cut by ``load``): the file ends inside a declaration or inside
+  its declared data, or only zero bytes (possibly after the start of a declaration) follow the last complete
+  batch, or the last batch's data turns to zeros from a sector boundary to the end of the file (its size reached
+  the disk, its data did not);
+* **damage** (``SessionPersistenceCorruptionError``, never cut): a complete declaration that fails its own CRC
+  or states an impossible or oversized batch, data that fails its CRC or does not decode to exactly the
+  declared events, anywhere, the last batch included.
+
+Recovered events: none. A torn batch's bytes were never acknowledged and cannot be verified, so ``load`` drops
+them (v0 logs keep their partial-frame recovery).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zstandard
+from dsh.session_persistence.backend import (
+    SessionEvent,
+    SessionHeader,
+    SessionPersistenceCorruptionError,
+    SessionPersistenceError,
+    StorageLineError,
+    decode_storage_lines,
+)
+
+from ._bounded import decompress_declared
+from ._declarations import (
+    LINE_DECLARATION_MAX,
+    LINE_DECLARATION_PREFIX,
+    MAX_DECLARED_BYTES,
+    ZSTD_DECLARATION_MAGIC,
+    ZSTD_DECLARATION_SIZE,
+    Declaration,
+    DeclarationError,
+    could_be_torn_line_declaration,
+    could_be_torn_zstd_declaration,
+    data_crc,
+    line_declaration,
+    parse_line_declaration,
+    parse_zstd_declaration,
+    zstd_declaration,
+)
+from ._frames import FrameError, compress_frame
+from ._layout import Compression
+from ._records import NotAHeaderError, corrupt, parse_header_line
+from ._scan import HEADER_CAP, DecodedLog, TornTail
+
+__all__ = [
+    "DECLARED_FORMAT_VERSION",
+    "HEADER_CAP",
+    "BatchDamage",
+    "BatchTooLargeError",
+    "BufferSource",
+    "FdSource",
+    "Source",
+    "encode_declared_batch",
+    "encode_declared_header",
+    "is_declared",
+    "walk_declared",
+]
+
+#: The header version every declared (v1) transcript carries.
+DECLARED_FORMAT_VERSION = 1
+Checkpoint = Callable[[], None]
+_seq_of = operator.attrgetter("seq")
+_SCAN_CHUNK = 1 << 20
+
+
+class BatchDamage(SessionPersistenceCorruptionError):
+    """Damage in the batch whose declaration starts at ``offset`` (raised by :func:`walk_declared`).
+
+    ``declaration`` and ``end`` are known when the declaration itself verified (then only its data is damaged).
+    """
+
+    def __init__(self, message: str, offset: int, declaration: Declaration | None, end: int | None) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.declaration = declaration
+        self.end = end
+
+
+class BatchTooLargeError(SessionPersistenceError, ValueError):
+    """A batch (or header) would need more bytes than the backend's ``max_batch_bytes``; nothing was written."""
+
+
+def _prefix(compression: Compression) -> str:
+    return "corrupt Zstandard session log: " if compression == "zstd" else "corrupt session log: "
+
+
+def is_declared(head: bytes, compression: Compression) -> bool:
+    """Whether a transcript starting with ``head`` is a declared (v1) log rather than a v0 one."""
+    marker = ZSTD_DECLARATION_MAGIC if compression == "zstd" else LINE_DECLARATION_PREFIX
+    return head.startswith(marker)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def encode_declared_batch(compression: Compression, first_seq: int, count: int, plaintext: bytes) -> bytes:
+    """One pair ready for a single ``write``: declaration, then the batch's frame (zstd) or lines (none)."""
+    if compression == "zstd":
+        data = compress_frame(plaintext)
+        return zstd_declaration(first_seq, count, data) + data
+    return line_declaration(first_seq, count, plaintext) + plaintext
+
+
+def encode_declared_header(compression: Compression, header_line: bytes) -> bytes:
+    """The first pair of a v1 transcript: the header line (LF-terminated) declared as a batch of 0 events."""
+    return encode_declared_batch(compression, 0, 0, header_line)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Sources: the same walk over an in-memory read (load) or a descriptor it seeks in (read_from, list)
+
+
+class Source:
+    """Random access to a transcript of ``size`` bytes."""
+
+    size: int
+
+    def read(self, start: int, stop: int) -> bytes | memoryview:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class BufferSource(Source):
+    """A transcript already read into memory."""
+
+    def __init__(self, buf: bytes) -> None:
+        self._view = memoryview(buf)
+        self.size = len(buf)
+
+    def read(self, start: int, stop: int) -> memoryview:
+        return self._view[start:stop]
+
+
+class FdSource(Source):
+    """A transcript read on demand with ``pread`` (only the declarations and the wanted batches are read)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd = fd
+        self.size = size
+
+    def read(self, start: int, stop: int) -> bytes:
+        parts: list[bytes] = []
+        pos = start
+        while pos < stop:
+            chunk = os.pread(self._fd, min(stop - pos, 1 << 24), pos)
+            if not chunk:
+                break
+            parts.append(chunk)
+            pos += len(chunk)
+        return b"".join(parts)
+
+
+def _head_end(src: Source, pos: int) -> int:
+    """End of the last non-zero byte at or after ``pos`` (``pos`` itself if only zeros follow)."""
+    stop = src.size
+    while stop > pos:
+        start = max(pos, stop - _SCAN_CHUNK)
+        kept = bytes(src.read(start, stop)).rstrip(b"\0")
+        if kept:
+            return start + len(kept)
+        stop = start
+    return pos
+
+
+def _rest_is_torn(src: Source, pos: int, compression: Compression) -> bool:
+    """Only zeros, or the start of an unfinished declaration (then maybe zeros), follow ``pos``."""
+    end = _head_end(src, pos)
+    if end == pos:
+        return True
+    limit = ZSTD_DECLARATION_SIZE if compression == "zstd" else LINE_DECLARATION_MAX + 1
+    if end - pos > limit:
+        return False
+    head = src.read(pos, end)
+    if compression == "zstd":
+        return could_be_torn_zstd_declaration(head)
+    return could_be_torn_line_declaration(head)
+
+
+#: The unit a disk persists atomically: a write whose data did not reach the disk reads as zeros from a sector
+#: boundary on.
+SECTOR = 512
+
+
+def _zero_filled_write(src: Source, data_start: int, end: int) -> bool:
+    """Whether a batch that fails its CRC is a write whose size reached the disk but whose data did not.
+
+    That leaves zeros from a sector boundary inside the batch's data to the end of the file. A single damaged byte
+    (one zero) never qualifies: the run must cover a sector boundary inside the data and be two bytes or more.
+    """
+    zeros_from = _head_end(src, data_start)
+    boundary = -(-zeros_from // SECTOR) * SECTOR
+    return boundary < end and src.size - zeros_from >= 2
+
+
+def _declaration_at(src: Source, pos: int, compression: Compression) -> tuple[Declaration, int]:
+    """The declaration at ``pos`` and where its data starts; :class:`DeclarationError` if incomplete or bad."""
+    if compression == "zstd":
+        end = pos + ZSTD_DECLARATION_SIZE
+        if end > src.size:
+            raise DeclarationError("file ends inside a batch declaration")
+        return parse_zstd_declaration(src.read(pos, end)), end
+    window = bytes(src.read(pos, min(src.size, pos + LINE_DECLARATION_MAX + 1)))
+    lf = window.find(b"\n")
+    if lf < 0:
+        if len(window) <= LINE_DECLARATION_MAX:
+            raise DeclarationError("file ends inside a batch declaration")
+        raise DeclarationError("line at a declaration position is not a batch declaration")
+    return parse_line_declaration(window[:lf]), pos + lf + 1
+
+
+@dataclass(slots=True)
+class _Walk:
+    compression: Compression
+    path: str
+    cap: int
+    dctx: zstandard.ZstdDecompressor
+
+    def damage(self, message: str) -> Exception:
+        return corrupt(f"{_prefix(self.compression)}{message}", self.path)
+
+    def plaintext(self, data: bytes | memoryview, offset: int) -> bytes:
+        if self.compression == "none":
+            return bytes(data)
+        try:
+            return decompress_declared(data, offset, self.cap, self.dctx)
+        except FrameError as exc:
+            raise corrupt(str(exc), self.path) from exc
+
+    def events(self, plaintext: bytes, decl: Declaration, offset: int) -> list[SessionEvent]:
+        where = f"batch at byte {offset}"
+        if not plaintext.endswith(b"\n"):
+            raise self.damage(f"{where} does not end with a complete JSONL record")
+        try:
+            events = decode_storage_lines(plaintext)
+        except StorageLineError as exc:
+            raise self.damage(f"{where}: unparsable committed event: {exc}") from exc
+        seqs = list(map(_seq_of, events))
+        if seqs != list(range(decl.first_seq, decl.first_seq + decl.count)):
+            raise self.damage(
+                f"{where} declares {decl.count} event(s) from seq {decl.first_seq} but holds seqs "
+                f"{seqs[:1]}..{seqs[-1:]} ({len(seqs)} event(s))"
+            )
+        return events
+
+
+def _read_header(
+    src: Source, walk: _Walk, header_cap: int, refuse_versions: bool, plaintexts: list[bytes] | None
+) -> tuple[SessionHeader, int, int]:
+    """The header pair at byte 0: header, inherited cut, end of the pair."""
+    try:
+        decl, data_start = _declaration_at(src, 0, walk.compression)
+    except DeclarationError as exc:
+        raise walk.damage(f"header declaration: {exc}") from exc
+    if decl.count != 0 or decl.first_seq != 0:
+        raise walk.damage("the first declaration is not a header declaration")
+    if decl.length > header_cap:
+        raise walk.damage(f"header declares {decl.length} bytes, above the header cap of {header_cap}")
+    end = data_start + decl.length
+    if end > src.size:
+        raise walk.damage("empty or header-less session log (the file ends inside its header)")
+    data = src.read(data_start, end)
+    if data_crc(data) != decl.crc:
+        raise walk.damage("header data fails its CRC")
+    plaintext = walk.plaintext(data, data_start)
+    if not plaintext.endswith(b"\n") or plaintext.count(b"\n") != 1:
+        raise walk.damage("header batch is not exactly one header line")
+    try:
+        header, cut = parse_header_line(plaintext[:-1], walk.path, refuse_versions=refuse_versions)
+    except NotAHeaderError as exc:
+        raise corrupt(str(exc), walk.path) from exc
+    # A newer version is refused by parse_header_line (or listed, for list); an older one cannot be declared.
+    if header.version < DECLARED_FORMAT_VERSION:
+        raise walk.damage(f"declared (v1) log carries a v{header.version} header")
+    if plaintexts is not None:
+        plaintexts.append(plaintext)
+    return header, cut, end
+
+
+def _check_declaration(walk: _Walk, decl: Declaration, pos: int, expected: int) -> None:
+    if decl.count == 0 or decl.first_seq != expected:
+        raise walk.damage(
+            f"batch declaration at byte {pos} declares {decl.count} event(s) from seq {decl.first_seq}, "
+            f"expected a batch from seq {expected}"
+        )
+    if decl.length > walk.cap:
+        raise walk.damage(
+            f"batch at byte {pos} declares {decl.length} bytes, above max_batch_bytes={walk.cap} "
+            "(raise the backend's max_batch_bytes if this log is genuine)"
+        )
+
+
+def walk_declared(
+    src: Source,
+    compression: Compression,
+    path: str,
+    cap: int,
+    *,
+    from_seq: int = 0,
+    header_only: bool = False,
+    plaintexts: list[bytes] | None = None,
+    refuse_versions: bool = True,
+    checkpoint: Checkpoint | None = None,
+) -> DecodedLog:
+    """Walk a declared transcript: header, then every batch; the torn tail (if any) becomes a marker.
+
+    Batches that end before ``from_seq`` are skipped without reading their data (their declarations are still
+    verified). ``header_only`` stops after the header pair; ``plaintexts`` collects the verified plaintext of the
+    header and of every batch read. Damage raises ``SessionPersistenceCorruptionError`` (:class:`BatchDamage`,
+    naming the damaged batch, past the header).
+    """
+    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor())
+    header, cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), refuse_versions, plaintexts)
+    log = DecodedLog(header, cut, [], None, src.size, pos)
+    if header_only:
+        return log
+    events = log.events
+    expected = 0
+    while pos < src.size:
+        if checkpoint is not None:
+            checkpoint()
+        try:
+            decl, data_start = _declaration_at(src, pos, compression)
+        except DeclarationError as exc:
+            if _rest_is_torn(src, pos, compression):
+                break
+            damage = walk.damage(f"batch declaration at byte {pos}: {exc}")
+            raise BatchDamage(str(damage), pos, None, None) from exc
+        end = data_start + decl.length
+        try:
+            _check_declaration(walk, decl, pos, expected)
+            if end > src.size:
+                break  # the file ends inside the declared data: a write that never completed
+            expected = decl.first_seq + decl.count
+            if expected > from_seq:
+                data = src.read(data_start, end)
+                if data_crc(data) != decl.crc:
+                    if _zero_filled_write(src, data_start, end):
+                        break  # the size of a write that never completed reached the disk, its data did not
+                    raise walk.damage(
+                        f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
+                    )
+                plaintext = walk.plaintext(data, data_start)
+                events.extend(walk.events(plaintext, decl, pos))
+                if plaintexts is not None:
+                    plaintexts.append(plaintext)
+        except BatchDamage:
+            raise
+        except SessionPersistenceCorruptionError as exc:
+            verified = decl if end <= src.size and decl.count else None
+            raise BatchDamage(str(exc), pos, verified, end if verified else None) from exc
+        pos = end
+        log.committed_end = pos
+    if pos < src.size:
+        log.torn = TornTail(truncate_to=log.committed_end, recovered_events=[], expected_size=src.size)
+    return log

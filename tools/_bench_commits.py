@@ -1,0 +1,203 @@
+"""The commit workload and the many-sessions load of ``tools/bench`` (issue #16).
+
+Kept beside the script because ``tools/bench`` is a self-contained tool: it imports this module by path.
+
+* :func:`commit_workload`: per turn a user message (~200 B), an assistant message (~1 KB) with two tool calls and
+  two tool results (~2 KB each), durable at three points (before the model request, before the tools, at the step
+  end). No streamed chunks: it measures the cost of a durable commit, not of batching.
+* :func:`many_sessions`: ``n`` live sessions in one process, each appending a chunk every ``append_ms`` and
+  flushing every ``flush_ms``; reports the flush barrier's latency and the CPU spent per barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
+
+FLUSH = None
+
+
+def _text(rng: random.Random, size: int) -> str:
+    words = ("agent", "session", "durable", "tool", "result", "model", "stream", "commit", "batch", "event", "turn")
+    out: list[str] = []
+    length = 0
+    while length < size:
+        word = rng.choice(words)
+        out.append(word)
+        length += len(word) + 1
+    return " ".join(out)[:size]
+
+
+class _Seqs:
+    def __init__(self) -> None:
+        self.seq = 0
+        self.time = 1_700_000_000_000
+
+    def env(self, etype: str, data: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        self.time += 3
+        out = {"type": etype, "seq": self.seq, "time": self.time, "data": data, **extra}
+        self.seq += 1
+        return out
+
+
+def commit_workload(turns: int, seed: int = 11) -> list[dict[str, Any] | None]:
+    """Wire-form events with ``FLUSH`` at the three durable points of each turn (``3 * turns`` commits)."""
+    rng = random.Random(seed)
+    s = _Seqs()
+    ops: list[dict[str, Any] | None] = []
+    for turn in range(1, turns + 1):
+        base = {"turn": turn, "step": 1}
+        ops.append(s.env("turn/start", {"turn": turn}))
+        ops.append(s.env("step/start", dict(base)))
+        user = {
+            "id": f"user-{turn}",
+            "role": "user",
+            "content": [{"type": "text", "text": _text(rng, 200)}],
+            "source": {"kind": "user"},
+        }
+        ops.append(s.env("user/message", user, surfaceOp="append"))
+        ops.append(FLUSH)  # before the model request
+        calls = [
+            {
+                "type": "tool-call",
+                "id": f"call-{turn}-{i}",
+                "name": name,
+                "arguments": json.dumps({"path": f"src/m{rng.randint(0, 99)}.py"}),
+            }
+            for i, name in ((1, "read_file"), (2, "run_tests"))
+        ]
+        message = {
+            "id": f"assistant-{turn}",
+            "role": "assistant",
+            "content": [{"type": "text", "text": _text(rng, 1000)}, *calls],
+            "source": {"kind": "model", "provider": "openai", "model": "gpt-bench"},
+        }
+        ops.append(s.env("assistant/message", {**base, "message": message}, surfaceOp="append"))
+        call_seqs = []
+        for block in calls:
+            call = s.env(
+                "tool/call", {**base, "callId": block["id"], "name": block["name"], "arguments": block["arguments"]}
+            )
+            call_seqs.append(call["seq"])
+            ops.append(call)
+        ops.append(FLUSH)  # before the tool bodies
+        for block, call_seq in zip(calls, call_seqs, strict=True):
+            result = {
+                "id": f"result-{block['id']}",
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool-result",
+                        "toolCallId": block["id"],
+                        "content": [{"type": "text", "text": _text(rng, 2000)}],
+                    }
+                ],
+                "source": {"kind": "tool", "callId": block["id"]},
+            }
+            ops.append(
+                s.env("tool/result", {**base, "message": result}, surfaceOp="append", sourceEventSeqs=[call_seq])
+            )
+        ops.append(s.env("step/end", dict(base)))
+        ops.append(s.env("turn/end", {"turn": turn, "reason": {"kind": "completed"}}))
+        ops.append(FLUSH)  # at the step end
+    return ops
+
+
+def commit_count(ops: list[dict[str, Any] | None]) -> int:
+    """Durable points that have something to commit (what every system pays one durable write for)."""
+    count = 0
+    pending = False
+    for op in ops:
+        if op is FLUSH:
+            count += pending
+            pending = False
+        else:
+            pending = True
+    return count
+
+
+@dataclass
+class ManyRun:
+    sessions: int
+    barriers: int
+    appends: int
+    p50_ms: float
+    p99_ms: float
+    cpu_us_per_barrier: float
+    wall_s: float
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def many_sessions(
+    backend: Any, n: int, seconds: float, *, append_ms: float = 10.0, flush_ms: float = 100.0
+) -> ManyRun:
+    """``n`` live sessions on one coordinator, each an agent task: a chunk every ``append_ms``, a flush every
+    ``flush_ms``.
+
+    The barrier latency is the wall time of each ``store.flush`` (what a checkpoint waits for); CPU per barrier is the
+    process CPU (user + system, worker threads included) over the run divided by the number of barriers.
+    """
+    host = Host()
+    store = SessionStore(host)
+    latencies: list[float] = []
+    appends = 0
+    chunk = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token "}}
+    per_flush = max(1, round(flush_ms / append_ms))
+    async with PersistenceCoordinator(host, backend):
+        sessions = []
+        for i in range(n):
+            session = store.create(f"many-{n}-{i}", meta={"cwd": "/home/bench/project"})
+            session.append("turn/start", {"turn": 1})
+            session.append("step/start", {"turn": 1, "step": 1})
+            sessions.append(session)
+        async with anyio.create_task_group() as tg:
+            for session in sessions:  # materialize every session before the clock starts
+                tg.start_soon(store.flush, session)
+        deadline = time.perf_counter() + seconds
+        cpu0 = _cpu_s()
+        wall0 = time.perf_counter()
+
+        async def agent(index: int, session: Any) -> None:
+            nonlocal appends
+            await anyio.sleep((index % per_flush) * append_ms / 1000)  # stagger the flushes
+            tick = 0
+            while time.perf_counter() < deadline:
+                session.append("assistant/chunk", chunk)
+                appends += 1
+                tick += 1
+                if tick % per_flush == 0:
+                    start = time.perf_counter()
+                    await store.flush(session)
+                    latencies.append(time.perf_counter() - start)
+                await anyio.sleep(append_ms / 1000)
+
+        async with anyio.create_task_group() as tg:
+            for index, session in enumerate(sessions):
+                tg.start_soon(agent, index, session)
+        wall = time.perf_counter() - wall0
+        cpu = _cpu_s() - cpu0
+        for session in sessions:
+            store.dispose(session)
+    ordered = sorted(latencies)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] if ordered else float("nan")
+    return ManyRun(
+        sessions=n,
+        barriers=len(latencies),
+        appends=appends,
+        p50_ms=statistics.median(ordered) * 1000 if ordered else float("nan"),
+        p99_ms=p99 * 1000,
+        cpu_us_per_barrier=cpu / len(latencies) * 1e6 if latencies else float("nan"),
+        wall_s=wall,
+    )
