@@ -75,6 +75,7 @@ from .._repair import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKN
 from .._session import Session
 from ._conformance_writers import WriterConformance
 from ._faults import FaultInjectingBackend, InjectedFault
+from ._lifecycle_conformance import LifecycleConformance
 from ._logs import (
     WORK,
     assistant_message,
@@ -125,11 +126,12 @@ def _ids_of(headers: Sequence[Any]) -> list[str]:
     return [h.id for h in headers]
 
 
-class BackendConformance(WriterConformance):
+class BackendConformance(WriterConformance, LifecycleConformance):
     """Base class of a backend's conformance tests (not collected by itself: its name does not start with Test).
 
     The one-writer, in-doubt and storage-level cases come from
-    :class:`~dsh.session_persistence.testing._conformance_writers.WriterConformance`.
+    :class:`~dsh.session_persistence.testing._conformance_writers.WriterConformance`; deletion, paged listing,
+    retention and compaction from the lifecycle mixin.
     """
 
     pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]
