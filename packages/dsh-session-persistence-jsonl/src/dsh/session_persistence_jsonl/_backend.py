@@ -19,11 +19,14 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 from dsh.session_persistence.backend import (
+    ListQuery,
     RawArtifact,
+    SalvagedLog,
     SeqMismatchError,
     SessionAlreadyExistsError,
     SessionEvent,
     SessionHeader,
+    SessionListing,
     SessionLocation,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
@@ -31,6 +34,7 @@ from dsh.session_persistence.backend import (
     SessionSnapshot,
     SessionStorageError,
     StorageMetadata,
+    StoredArtifact,
     StoredPrefix,
     StoredSuffix,
     encode_storage_lines,
@@ -66,7 +70,9 @@ from ._fs import (
 )
 from ._layout import Compression, project_dir_name, session_segment, transcript_path
 from ._lease import JsonlWriterLease, acquire_lease
+from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
+from ._salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 from ._seq_guard import NextSeqCache, check_continues
 from ._upgrade import current_header, declared_log
@@ -599,6 +605,78 @@ class JsonlBackend:
             truncate_durable(tail.path, tail.start, tail.size)
 
         await self._run_shielded(work, "discarding the damaged final batch")
+
+    # --------------------------------------------------------------------------------------------------------
+    # lifecycle (the work lives in _lifecycle)
+
+    @property
+    def cursor_scope(self) -> str:
+        """Listing cursors belong to this root (and encoding); a cursor from another root is refused."""
+        return f"jsonl:{self.compression}:{os.path.realpath(self.root)}"
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``.
+
+        The root preflight (a root holding the other encoding is refused) runs once per backend instance, as for
+        every other read; after it a page costs one ``stat`` per session and the page's headers.
+        """
+
+        def work() -> builtins.list[SessionListing]:
+            self._ensure_preflight()
+            return list_rows(self.root, self.compression, query, self.max_batch_bytes, _checkpoint)
+
+        return await self._run(work, "listing sessions")
+
+    async def list_artifacts(self) -> builtins.list[StoredArtifact]:
+        """Every transcript file by name, readable or not (``verify`` reports the ones ``list`` leaves out)."""
+        return await self._run(lambda: list_artifacts(self.root, self.compression, _checkpoint), "listing transcripts")
+
+    async def load_salvage(self, session_id: str) -> SalvagedLog | None:
+        """The events before the first damage of the transcript (read-only); ``None`` if absent."""
+
+        def work() -> SalvagedLog | None:
+            self._ensure_preflight()
+            path = find_transcript(self.root, session_id, self.compression, _checkpoint)
+            if path is None:
+                return None
+            try:
+                data, _revision = stable_read(path)
+            except FileNotFoundError:
+                return None
+            if is_declared(data[:64], self.compression):
+                salvaged = salvage_declared(data, self.compression, path, self.max_batch_bytes)
+            else:
+                salvaged = (salvage_zstd if self.compression == "zstd" else salvage_raw)(data, path)
+            check_identity(self.root, self.compression, path, salvaged.meta, session_id)
+            return salvaged
+
+        return await self._run(work, "salvaging the session log")
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        """Durably unlink the session's transcript (then its empty directory); unknown ids raise."""
+
+        def work() -> None:
+            self._ensure_preflight()
+            delete_transcript(self.root, self.compression, session_id, expected_revision, _checkpoint)
+
+        await self._run_shielded(work, "deleting the session log")
+
+    async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
+        """Atomically replace the transcript with the header and one declared batch, keeping its mtime.
+
+        The result is always the current (v1) format; a session larger than ``max_batch_bytes`` is refused
+        (``BatchTooLargeError``) with nothing written.
+        """
+        path = self._path_for(storage.meta)
+        batch = list(events)
+
+        def work() -> None:
+            # Encoded before anything is touched: an encoding error leaves no trace.
+            data = self._encode_header(storage) + (self._encode_batch(batch) if batch else b"")
+            compact_transcript(path, storage.meta.id, data, expected_revision)
+            self._declared.add(path)
+
+        await self._run_shielded(work, "compacting the session log")
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.

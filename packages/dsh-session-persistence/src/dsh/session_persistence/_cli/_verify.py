@@ -12,7 +12,8 @@ from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_OK, EXIT_USAGE, CliError
 from ._examine import SessionReport, examine
 from ._io import Io
 from ._output import write_json
-from ._walk import closer_plan, report_json, walk
+from ._verify_walk import verify_walk
+from ._walk import closer_plan, report_json
 
 __all__ = ["cmd_repair", "cmd_verify"]
 
@@ -39,7 +40,7 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if args.id is not None:
         reports = [await examine(stack, args.id)]
     else:
-        reports = await walk(stack, io, "verifying sessions")
+        reports = await verify_walk(stack, io)
     bad = [r for r in reports if not r.recoverable]
     code = EXIT_DAMAGED if bad else EXIT_OK
     summary = Counter(r.status for r in reports)

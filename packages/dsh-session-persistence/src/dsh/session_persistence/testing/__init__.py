@@ -56,6 +56,7 @@ _KIT_MODULES = {
     "BackendConformance": "_conformance",
     "CrashBackend": "_crash_kit",
     "CrashStateConformance": "_crash_kit",
+    "LifecycleConformance": "_lifecycle_conformance",
     "PrimitiveFaultConformance": "_primitive_kit",
     "StorageContractConformance": "_storage_kit",
 }
@@ -93,6 +94,7 @@ __all__ = [
     "FaultRule",
     "HangResponse",
     "InjectedFault",
+    "LifecycleConformance",
     "ManualScheduler",
     "Opened",
     "PrimitiveFaultConformance",

@@ -34,14 +34,16 @@ from ._conformance_faults import _FaultAndRaceCases
 from ._conformance_live import _LiveCases
 from ._conformance_storage import _StorageCases
 from ._conformance_writers import _WriterCases
+from ._lifecycle_conformance import LifecycleConformance
 
 __all__ = ["BackendConformance"]
 
 
-class BackendConformance(_StorageCases, _LiveCases, _FaultAndRaceCases, _WriterCases):
+class BackendConformance(_StorageCases, _LiveCases, _FaultAndRaceCases, _WriterCases, LifecycleConformance):
     """Base class of a backend's conformance tests (not collected by itself: its name does not start with Test).
 
     Its cases come in groups, one module each: the storage contract and read validation, live sessions and torn
-    tails, injected failures and races, and one writer per session with in-doubt writes and storage-level cases;
-    the fixtures and hooks a backend overrides are listed in this module's doc.
+    tails, injected failures and races, one writer per session with in-doubt writes and storage-level cases, and
+    (from :class:`LifecycleConformance`) deletion, paged listing, retention and compaction; the fixtures and hooks
+    a backend overrides are listed in this module's doc.
     """
