@@ -13,6 +13,10 @@ from dsh.session_persistence_postgres import PostgresBackend
 class TestPostgresConformance(BackendConformance):
     """Every storage-contract, host, fault, race and property scenario of the kit; each test its own schema."""
 
+    # The default PostgresBackend lease is a no-op (its compare-and-set on next_seq refuses a stale writer);
+    # writer_lease=True takes an advisory lock (tested in this package's own lease tests).
+    writer_lease_excludes = False
+
     @pytest.fixture
     def backend_factory(self, postgres_dsn: str) -> BackendFactory:
         schema = f"conf_{uuid.uuid4().hex[:16]}"

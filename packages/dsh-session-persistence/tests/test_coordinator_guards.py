@@ -343,3 +343,22 @@ async def test_an_explicit_refusal_is_passed_on_without_a_read_back() -> None:
         with pytest.raises(SeqMismatchError, match="refused by the backend before writing"):
             await persistence.append("s", simple_turn(6, 2))
         assert backend.reads == reads
+
+
+async def test_in_doubt_read_back_accepts_the_header_upgraded_by_the_write() -> None:
+    """A backend that stores an older readable header raised to the version it writes (JSONL's v0 -> v1 on the
+    first write) is still the same session: the landed batch is acknowledged, not called another writer's."""
+    shared = MemoryStore()
+    shared.put("old", meta("old", WORK, version=0), one_turn_log())
+    backend = Misbehaving(shared)
+
+    async def upgrade_and_land(storage: StorageMetadata, events: list[SessionEvent], materialized: bool) -> None:
+        shared.put("old", meta("old", WORK, version=1), shared.events("old") + events)
+
+    persistence, _ = coordinator(backend)
+    async with persistence:
+        await persistence.load("old")
+        backend.effect = upgrade_and_land
+        await persistence.append("old", simple_turn(6, 2))
+        await persistence.append("old", simple_turn(9, 3))
+    assert shared.events("old") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)

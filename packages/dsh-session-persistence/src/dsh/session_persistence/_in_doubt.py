@@ -115,7 +115,7 @@ async def settle(core: CoordinatorCore, session_id: str, state: SessionState, pe
                 state.doubt = None
                 return Verdict.ABSENT
             raise _fail(session_id, pending, "its stored log is gone")
-        if not same_header(stored.meta, state.storage.meta) or (
+        if not same_header(stored.meta, state.storage.meta, any_version=True) or (
             stored.inherited_event_count != state.storage.inherited_event_count
         ):
             raise _fail(session_id, pending, "the stored header or inherited cut differs from the one written")

@@ -53,11 +53,18 @@ def same_events(left: Sequence[SessionEvent], right: Sequence[SessionEvent]) -> 
     return all(a is b or event_to_builtins(a) == event_to_builtins(b) for a, b in zip(left, right, strict=True))
 
 
-def same_header(left: SessionHeader, right: SessionHeader) -> bool:
-    """Whether two headers store the same thing (an absent ``delegationDepth`` is the stored depth 0)."""
+def same_header(left: SessionHeader, right: SessionHeader, *, any_version: bool = False) -> bool:
+    """Whether two headers store the same thing (an absent ``delegationDepth`` is the stored depth 0).
+
+    ``any_version``: the format version may differ (a backend may store an older readable header upgraded to
+    the version it writes).
+    """
     a, b = header_to_builtins(left), header_to_builtins(right)
     a.setdefault("delegationDepth", 0)
     b.setdefault("delegationDepth", 0)
+    if any_version:
+        a.pop("version", None)
+        b.pop("version", None)
     return a == b
 
 

@@ -80,6 +80,9 @@ class _WriterCases:
     #: Whether ``SessionLockedError.holder`` names the holding process as ``"pid <n>..."`` (a file lock does;
     #: a server-side lock may name something else).
     lease_holder_names_pid: ClassVar[bool] = False
+    #: Set ``False`` when the backend has the lease primitive but its lease excludes nobody (a no-op lease, e.g.
+    #: a backend whose own compare-and-set refuses a stale writer instead): the exclusion cases then skip.
+    writer_lease_excludes: ClassVar[bool] = True
 
     @pytest.fixture
     def process_backend_factory(self) -> Callable[[], SessionBackend] | None:
@@ -88,10 +91,11 @@ class _WriterCases:
         cross-process cases (an in-process storage cannot be shared)."""
         return None
 
-    @staticmethod
-    def _require_lease(backend: SessionBackend) -> None:
+    def _require_lease(self, backend: SessionBackend) -> None:
         if not isinstance(backend, SupportsWriterLease):
             pytest.skip("backend has no writer lease primitive (acquire_writer_lease): no cross-writer exclusion")
+        if not self.writer_lease_excludes:
+            pytest.skip("this backend's writer lease is a no-op (writer_lease_excludes = False): no exclusion to test")
 
     @staticmethod
     def _require_processes(factory: Callable[[], SessionBackend] | None) -> Callable[[], SessionBackend]:
