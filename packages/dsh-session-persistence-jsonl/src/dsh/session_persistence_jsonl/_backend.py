@@ -555,18 +555,23 @@ class JsonlBackend:
     async def discard_damaged_tail(self, session_id: str, tail: DamagedTail) -> None:
         """Cut the file at ``tail.start``, only if it still holds exactly that damaged final batch.
 
-        The operator's explicit step (``dsh-sessions repair --discard-damaged-tail``, under the writer lease):
-        load and crash repair never cut damage.
+        The operator's explicit step (``dsh-sessions repair --discard-damaged-tail``), taken under the session's
+        writer lease (refused while a writer holds it): load and crash repair never cut damage.
         """
 
         def work() -> None:
-            current = self._damaged_tail_sync(session_id)
-            if current != tail:
-                raise SessionStorageError(
-                    f'refusing to discard the damaged tail of "{tail.path}": the log changed since it was examined',
-                    path=tail.path,
-                )
-            truncate_durable(tail.path, tail.start, tail.size)
+            # Under the session's writer lease: refused (SessionLockedError) while any writer holds the session.
+            lease = acquire_lease(self.root, os.path.dirname(tail.path), session_id)
+            try:
+                current = self._damaged_tail_sync(session_id)
+                if current != tail:
+                    raise SessionStorageError(
+                        f'refusing to discard the damaged tail of "{tail.path}": the log changed since it was examined',
+                        path=tail.path,
+                    )
+                truncate_durable(tail.path, tail.start, tail.size)
+            finally:
+                lease.release_sync()
 
         await self._run_shielded(work, "discarding the damaged final batch")
 

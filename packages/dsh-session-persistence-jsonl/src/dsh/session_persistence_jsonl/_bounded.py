@@ -76,6 +76,8 @@ def _stream(frame: bytes | memoryview, offset: int, cap: int, dctx: zstandard.Zs
                 return b"".join(parts)
             total += len(chunk)
             if total > cap:
+                # Free the output now: the traceback keeps this frame (and its locals) alive until collected.
+                parts.clear()
                 raise _oversized(offset, f"more than {cap}", cap)
             parts.append(chunk)
 
