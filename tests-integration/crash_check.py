@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
-from dsh.session_persistence.backend import event_to_builtins
+from dsh.session_persistence.backend import SessionPersistenceCorruptionError, encode_event, event_to_builtins
 from dsh.session_persistence.events import (
     AssistantMessage,
     SessionEvent,
@@ -61,6 +61,7 @@ def kill_child(
     seed: int = 0,
     backend: str = "asyncio",
     kill_delay: float = 0.0,
+    compression: str = "none",
 ) -> int:
     """Run the child in ``mode`` on ``root``, SIGKILL it once ready (+ ``kill_delay`` s); return its returncode."""
     root.mkdir(parents=True, exist_ok=True)
@@ -69,6 +70,7 @@ def kill_child(
     expected = MARKERS[mode]
     argv = [sys.executable, str(CHILD), mode, str(root), str(marker), f"--window-ms={window_ms}", f"--seed={seed}"]
     argv.append(f"--backend={backend}")
+    argv.append(f"--compression={compression}")
     if not policy:
         argv.append("--no-policy")
     stderr_path = root / "child.stderr"
@@ -111,6 +113,8 @@ class Verdict:
     closers: list[SessionEvent] = field(default_factory=list)  #: what repair appended
     acked: int = 0  #: the highest acknowledged event count
     lost: list[str] = field(default_factory=list)  #: acknowledged or side-effected facts missing from disk
+    damaged: str | None = None  #: the log was refused as corrupt (SessionPersistenceCorruptionError)
+    compression: str = "none"
     unbalanced: list[str] = field(default_factory=list)  #: structural problems of the repaired log
     not_started: int = 0
     outcome_unknown: int = 0
@@ -139,6 +143,24 @@ def _read_acks(root: Path) -> list[tuple[int, str]]:
     return acks
 
 
+def _read_acked_events(root: Path) -> list[bytes]:
+    """The wire JSON of every acknowledged event, in seq order (complete lines only)."""
+    path = root / "acked.jsonl"
+    if not path.exists():
+        return []
+    return path.read_bytes().split(b"\n")[:-1]
+
+
+def _check_acked_bytes(stored: list[SessionEvent], acked: list[bytes], lost: list[str]) -> None:
+    """Every acknowledged event is on disk byte for byte (its wire JSON), not just its count and type."""
+    if len(acked) > len(stored):
+        lost.append(f"acknowledged {len(acked)} events (wire), only {len(stored)} durable")
+    for index, (event, wire) in enumerate(zip(stored, acked, strict=False)):
+        if encode_event(event) != wire:
+            lost.append(f"acknowledged event {index} differs on disk: {wire[:120]!r}")
+            return
+
+
 def _check_balance(events: list[SessionEvent], problems: list[str]) -> None:
     for index, event in enumerate(events):
         if event.seq != index:
@@ -165,17 +187,22 @@ def _check_balance(events: list[SessionEvent], problems: list[str]) -> None:
         problems.append(f"tool call {call_id!r} has no result")
 
 
-async def verify(root: Path, *, resume: bool = True, check_effects: bool = True) -> Verdict:
+async def verify(root: Path, *, resume: bool = True, check_effects: bool = True, compression: str = "none") -> Verdict:
     """Reload ``root`` in a fresh host and check the invariants (see the module docstring)."""
-    verdict = Verdict()
+    verdict = Verdict(compression=compression)
     host = Host()
     host.load_entrypoints()
     store = SessionStore(host)
     backend_cls: Any = host.backends()["jsonl"]
-    backend = backend_cls(root / "sessions", compression="none")
+    backend = backend_cls(root / "sessions", compression=compression)
     async with PersistenceCoordinator(host, backend) as coordinator:
-        stored = await backend.load_stored(SESSION_ID)
+        try:
+            stored = await backend.load_stored(SESSION_ID)
+        except SessionPersistenceCorruptionError as exc:
+            verdict.damaged = str(exc)
+            return verdict
         stored_events = [] if stored is None else list(stored.events)
+        _check_acked_bytes(stored_events, _read_acked_events(root), verdict.lost)
         verdict.stored = len(stored_events)
         acks = _read_acks(root)
         if acks:
@@ -243,16 +270,35 @@ def verify_sync(root: Path, **kw: Any) -> Verdict:
 
 
 def torture_once(root: Path, seed: int) -> Verdict:
-    """One random kill: random window, backend and delay derived from ``seed``; then :func:`verify`."""
+    """One random kill: window, event loop and delay derived from ``seed``, the encoding alternating with it;
+    then :func:`verify`."""
     rng = random.Random(seed)
     window = rng.choice([1, 5, 20, 200, 2000])
     backend = rng.choice(["asyncio", "trio"])
-    kill_child("random", root, window_ms=window, seed=seed, backend=backend, kill_delay=rng.random() * 0.25)
-    return verify_sync(root)
+    compression = ("zstd", "none")[seed % 2]
+    kill_child(
+        "random",
+        root,
+        window_ms=window,
+        seed=seed,
+        backend=backend,
+        kill_delay=rng.random() * 0.25,
+        compression=compression,
+    )
+    return verify_sync(root, compression=compression)
 
 
 def dump(verdict: Verdict) -> str:
-    return json.dumps({"types": verdict.types(), "lost": verdict.lost, "unbalanced": verdict.unbalanced}, indent=1)
+    return json.dumps(
+        {
+            "compression": verdict.compression,
+            "types": verdict.types(),
+            "lost": verdict.lost,
+            "unbalanced": verdict.unbalanced,
+            "damaged": verdict.damaged,
+        },
+        indent=1,
+    )
 
 
 __all__ = ["ChildError", "Verdict", "dump", "kill_child", "torture_once", "verify", "verify_sync"]

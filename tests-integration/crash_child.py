@@ -1,6 +1,7 @@
 """Crash child: run a scripted agent on the JSONL backend until the parent SIGKILLs it (spec/policy.md §3).
 
-Usage: ``python crash_child.py <mode> <root> <marker> [--no-policy] [--window-ms N] [--seed S] [--backend B]``
+Usage: ``python crash_child.py <mode> <root> <marker> [--no-policy] [--window-ms N] [--seed S] [--backend B]
+[--compression zstd|none]``
 
 Modes (the marker text the child writes once it reached the kill point, then it blocks):
 
@@ -12,7 +13,9 @@ Modes (the marker text the child writes once it reached the kill point, then it 
   the first model dispatch and never blocks on purpose; the parent kills it at a random moment.
 
 Side files under ``<root>``: ``acks`` gets one line ``"<n> <type of event n-1>"`` after every ``SessionStore.flush``
-returns (single ``write`` + ``fsync`` per line): the first ``n`` events were acknowledged durable. ``effects/<id>``
+returns (single ``write`` + ``fsync`` per line): the first ``n`` events were acknowledged durable; ``acked.jsonl``
+gets, in the same step and before it, the wire JSON (``encode_event``) of every newly acknowledged event, one per
+line, so the parent compares each acknowledged event byte for byte. ``effects/<id>``
 is written by a tool body as its side effect, before anything else the body does.
 """
 
@@ -38,6 +41,7 @@ from dsh.session_persistence import (
     SessionStore,
     hookimpl,
 )
+from dsh.session_persistence.backend import encode_event
 from dsh.session_persistence.loop import AgentLoop
 from dsh.session_persistence.testing import (
     ScriptedAdapter,
@@ -73,11 +77,21 @@ class AckingStore(SessionStore):
     def __init__(self, host: Host, ack_path: Path) -> None:
         super().__init__(host)
         self._ack_fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._events_fd = os.open(ack_path.with_name("acked.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._acked = 0
 
     async def flush(self, session: Session) -> bool:
         events = session.events
         ran = await super().flush(session)
         if events:
+            fresh = b"".join(encode_event(e) + b"\n" for e in events[self._acked :])
+            if fresh:
+                # One write + fsync: the parent reads complete lines only (a kill mid-write leaves a fragment).
+                view = memoryview(fresh)
+                while view:
+                    view = view[os.write(self._events_fd, view) :]
+                os.fsync(self._events_fd)
+            self._acked = max(self._acked, len(events))
             os.write(self._ack_fd, f"{len(events)} {events[-1].type}\n".encode())
             os.fsync(self._ack_fd)
         return ran
@@ -130,7 +144,7 @@ async def run(args: argparse.Namespace) -> None:
         host.unregister(name=POLICY_PLUGIN)
     store = AckingStore(host, root / "acks")
     backend_cls: Any = host.backends()["jsonl"]
-    backend = backend_cls(root / "sessions", compression="none")
+    backend = backend_cls(root / "sessions", compression=args.compression)
     rng = random.Random(args.seed)
 
     async def block_after_marker(text: str) -> None:
@@ -210,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window-ms", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument("--compression", choices=["zstd", "none"], default="none")
     args = parser.parse_args(argv)
     anyio.run(run, args, backend=args.backend)
 

@@ -98,6 +98,17 @@ def test_negative_control_tool_mode_without_policy_is_detected(tmp_path: Path) -
     assert verdict.lost == ["side effect of crash-call without any durable log"], dump(verdict)
 
 
+def test_negative_control_acknowledged_bytes_are_compared(tmp_path: Path) -> None:
+    """An acknowledged event whose count and type match but whose content differs is reported lost."""
+    assert kill_child("between", tmp_path, compression="zstd") == -9
+    acked = tmp_path / "acked.jsonl"
+    original = acked.read_bytes()
+    assert b'"turn 1"' in original
+    acked.write_bytes(original.replace(b'"turn 1"', b'"turn 7"', 1))
+    verdict = verify_sync(tmp_path, resume=False, compression="zstd")
+    assert len(verdict.lost) == 1 and "differs on disk" in verdict.lost[0], dump(verdict)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The torture tool, CI-quick
 
@@ -122,6 +133,12 @@ def test_crash_torture_tool_quick(tmp_path: Path) -> None:
     )
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    match = re.fullmatch(r"kills=(\d+) lost=0 unbalanced=0 not_started=(\d+) outcome_unknown=(\d+) clean=(\d+)", last)
+    match = re.fullmatch(
+        r"kills=(\d+) lost=0 unbalanced=0 damaged=0 not_started=(\d+) outcome_unknown=(\d+) clean=(\d+)", last
+    )
     assert match is not None, last
     assert int(match.group(1)) == kills
+    for encoding in ("zstd", "none"):  # both encodings were killed, each half the time
+        assert re.search(rf"^{encoding}: kills={kills // 2} lost=0 unbalanced=0 damaged=0$", proc.stdout, re.M), (
+            proc.stdout
+        )

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from .._scheduling import ManualScheduler, Scheduler
 from ._controlled import ControlledMemoryBackend
+from ._crash_states import CrashStateReport, Recording, check_crash_states, record_session
+from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace
 from ._faults import FaultInjectingBackend, InjectedFault
 from ._hypothesis import use_noisy_machine_profile
 from ._logs import (
@@ -41,21 +43,35 @@ from ._scripted import (
     TextResponse,
     ToolCallResponse,
 )
+from ._shim import FaultRule, ShimUnavailableError, build_shim, fault_spec, find_c_compiler, shim_environment
 
 if TYPE_CHECKING:
     from ._conformance import BackendConformance
+    from ._crash_kit import CrashBackend, CrashStateConformance
+    from ._primitive_kit import PrimitiveFaultConformance
+    from ._storage_kit import StorageContractConformance
+
+
+_KIT_MODULES = {
+    "BackendConformance": "_conformance",
+    "CrashBackend": "_crash_kit",
+    "CrashStateConformance": "_crash_kit",
+    "PrimitiveFaultConformance": "_primitive_kit",
+    "StorageContractConformance": "_storage_kit",
+}
 
 
 def __getattr__(name: str) -> object:
-    if name == "BackendConformance":
-        import pytest
+    module = _KIT_MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        # Plain asserts in the kit get pytest's detailed failure messages; must run before the module is imported.
-        pytest.register_assert_rewrite("dsh.session_persistence.testing._conformance")
-        from ._conformance import BackendConformance
+    import pytest
 
-        return BackendConformance
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # Plain asserts in the kit get pytest's detailed failure messages; must run before any kit module is imported.
+    pytest.register_assert_rewrite(*sorted({f"{__name__}.{m}" for m in _KIT_MODULES.values()}))
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 __all__ = [
@@ -65,23 +81,41 @@ __all__ = [
     "BackendFactory",
     "ConformanceRig",
     "ControlledMemoryBackend",
+    "CrashBackend",
+    "CrashState",
+    "CrashStateConformance",
+    "CrashStateReport",
     "ErrorResponse",
     "FaultInjectingBackend",
+    "FaultRule",
     "HangResponse",
     "InjectedFault",
     "ManualScheduler",
     "Opened",
+    "PrimitiveFaultConformance",
+    "Recording",
     "ScriptedAdapter",
     "ScriptedResponse",
     "Scheduler",
     "ScriptedTool",
+    "ShimUnavailableError",
+    "StorageContractConformance",
     "TextResponse",
     "ToolCallResponse",
+    "TraceRecord",
     "assistant_message",
+    "build_shim",
+    "check_crash_states",
+    "crash_states",
     "event",
+    "fault_spec",
+    "find_c_compiler",
     "meta",
     "one_turn_log",
     "opaque",
+    "read_trace",
+    "record_session",
+    "shim_environment",
     "simple_turn",
     "step_end",
     "step_start",
