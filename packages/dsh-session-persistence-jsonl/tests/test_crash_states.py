@@ -14,6 +14,6 @@ pytestmark = pytest.mark.slow
 
 
 class TestJsonlCrashStates(CrashStateConformance):
-    @pytest.fixture(params=["none"])
+    @pytest.fixture(params=["zstd", "none"])
     def crash_backend(self, request: pytest.FixtureRequest) -> CrashBackend:
         return CrashBackend("dsh.session_persistence_jsonl:JsonlBackend", kwargs={"compression": request.param})

@@ -6,19 +6,21 @@ declarations and verifies each batch's data against its CRC:
 
 * **torn tail** (a write that never completed, cut by ``load``): the file ends inside a declaration or inside
   its declared data, or only zero bytes (possibly after the start of a declaration) follow the last complete
-  batch;
+  batch, or the final batch's data ends in zeros (at least two; committed data never ends in a zero byte);
 * **damage** (``SessionPersistenceCorruptionError``, never cut): a complete declaration that fails its own CRC
   or states an impossible or oversized batch, data that fails its CRC or does not decode to exactly the
   declared events, anywhere, the last batch included.
 
-Recovered events: none. A torn batch's bytes were never acknowledged and cannot be verified, so ``load`` drops
-them (v0 logs keep their partial-frame recovery).
+Recovered events: none, except a final batch missing only its last byte (restored and verified by the CRC).
+A torn batch's bytes were never acknowledged and cannot be verified, so ``load`` drops them (v0 logs keep their
+partial-frame recovery).
 """
 
 from __future__ import annotations
 
 import operator
 import os
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,7 +51,7 @@ from ._declarations import (
     parse_zstd_declaration,
     zstd_declaration,
 )
-from ._frames import FrameError, compress_frame
+from ._frames import FrameError, compress_frame, raw_frame
 from ._layout import Compression
 from ._records import NotAHeaderError, corrupt, parse_header_line
 from ._scan import HEADER_CAP, DecodedLog, TornTail
@@ -110,6 +112,8 @@ def encode_declared_batch(compression: Compression, first_seq: int, count: int, 
     """One pair ready for a single ``write``: declaration, then the batch's frame (zstd) or lines (none)."""
     if compression == "zstd":
         data = compress_frame(plaintext)
+        if 0 in data[-2:]:
+            data = raw_frame(plaintext)  # ends with the plaintext's "}\n": committed data never ends in zeros
         return zstd_declaration(first_seq, count, data) + data
     return line_declaration(first_seq, count, plaintext) + plaintext
 
@@ -272,6 +276,33 @@ def _read_header(
     return header, cut, end
 
 
+def _zero_filled_end(
+    src: Source, walk: _Walk, data: bytes | memoryview, decl: Declaration, pos: int, end: int
+) -> list[SessionEvent] | None:
+    """A final batch whose size reached the disk but whose last bytes did not: ``None`` if it is damage.
+
+    Committed data never ends in a zero byte (``none``: every batch ends with ``}\\n``; ``zstd``: the writer
+    falls back to a stored frame ending in the plaintext when a compressed one would end in zeros). So data
+    ending in two or more zeros, with only zeros after it, cannot come from a change of one byte in committed
+    data: it is a torn write (dropped, ``[]``). Data ending in exactly one zero is either a write torn before
+    its last byte or a committed batch whose last byte was damaged: if some last byte makes the CRC verify,
+    the batch is exactly known and its events are kept (repair re-appends them), so neither case loses anything.
+    """
+    if _head_end(src, end) != end:
+        return None  # something that is not zeros follows: not the end of the log
+    raw = bytes(data)
+    if raw.endswith(b"\0\0"):
+        return []
+    if not raw.endswith(b"\0"):
+        return None
+    prefix_crc = data_crc(raw[:-1])
+    for last in range(1, 256):
+        if zlib.crc32(bytes((last,)), prefix_crc) == decl.crc:
+            restored = raw[:-1] + bytes((last,))
+            return walk.events(walk.plaintext(restored, end - len(raw)), decl, pos)
+    return None
+
+
 def _check_declaration(walk: _Walk, decl: Declaration, pos: int, expected: int) -> None:
     if decl.count == 0 or decl.first_seq != expected:
         raise walk.damage(
@@ -310,6 +341,7 @@ def walk_declared(
     if header_only:
         return log
     events = log.events
+    recovered: list[SessionEvent] = []
     expected = 0
     while pos < src.size:
         if checkpoint is not None:
@@ -330,6 +362,11 @@ def walk_declared(
             if expected > from_seq:
                 data = src.read(data_start, end)
                 if data_crc(data) != decl.crc:
+                    torn_events = _zero_filled_end(src, walk, data, decl, pos, end)
+                    if torn_events is not None:
+                        events.extend(torn_events)
+                        recovered = torn_events
+                        break
                     raise walk.damage(
                         f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
                     )
@@ -345,5 +382,5 @@ def walk_declared(
         pos = end
         log.committed_end = pos
     if pos < src.size:
-        log.torn = TornTail(truncate_to=log.committed_end, recovered_events=[], expected_size=src.size)
+        log.torn = TornTail(truncate_to=log.committed_end, recovered_events=recovered, expected_size=src.size)
     return log
