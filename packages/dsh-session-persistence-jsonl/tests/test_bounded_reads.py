@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 import zstandard
-from dsh.session_persistence.backend import StorageMetadata
+from dsh.session_persistence.backend import SessionPersistenceCorruptionError, StorageMetadata
 from dsh.session_persistence_jsonl import BatchTooLargeError, JsonlBackend
 from dsh.session_persistence_jsonl._declarations import zstd_declaration
 from dsh.session_persistence_jsonl._frames import scan_frames
@@ -66,14 +66,20 @@ def _line_decl(first_seq: int, count: int, length: int, crc: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def bombs() -> dict[str, bytes]:
-    return {"unknown": _bomb_unknown_size(b'{"type":"session"'), "pledged": _pledging(300 << 20)}
+    return {"unknown": _bomb_unknown_size(b'{"type":"session"'), "pledged": _pledging(0xF0000000)}
 
 
 def _measure(root: Path, compression: str, session_id: str, cap: int | None = None) -> dict[str, object]:
-    """Every read of ``session_id`` in a fresh process: the error type of each, and the peak RSS."""
+    """Every read of ``session_id`` in a fresh process: the error type of each, and the peak RSS.
+
+    The child's address space is limited to what it uses at start plus 1 GiB, so an attempt to allocate what a
+    bomb pledges (3.75 GiB) fails loudly even where it would not touch resident memory.
+    """
     script = textwrap.dedent(
         f"""
-        import json, resource, anyio
+        import json, os, resource, anyio
+        vsz = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (vsz + (1 << 30), resource.RLIM_INFINITY))
         from dsh.session_persistence.backend import SessionPersistenceCorruptionError
         from dsh.session_persistence_jsonl import JsonlBackend
 
@@ -144,7 +150,7 @@ def _expect_one_damaged_session(result: dict[str, object], position: str) -> Non
 def test_v1_bombs_and_oversized_declarations_are_damage_without_allocation(
     tmp_path: Path, position: str, bombs: dict[str, bytes]
 ) -> None:
-    """CRC-valid pairs whose frame pledges 300 MB, or pledges nothing (1 GiB inside), or that declare 3 GiB."""
+    """CRC-valid pairs whose frame pledges 3.75 GiB, or pledges nothing (1 GiB inside), or that declare 3 GiB."""
     cases: dict[str, Callable[[Pair], bytes]] = {
         "pledged": lambda t: zstd_declaration(t.first_seq, t.count, bombs["pledged"]) + bombs["pledged"],
         "unknown": lambda t: zstd_declaration(t.first_seq, t.count, bombs["unknown"]) + bombs["unknown"],
@@ -194,3 +200,26 @@ async def test_a_batch_above_the_cap_is_refused_before_anything_is_written(tmp_p
     with pytest.raises(BatchTooLargeError):
         await backend.append_batch(StorageMetadata(st.meta, 0), batches[0][3:], True)
     assert path.read_bytes() == before
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+async def test_a_huge_declared_count_is_damage_not_an_allocation(tmp_path: Path, compression: str) -> None:
+    """A CRC-valid declaration of 4 billion events over a real batch's data: refused, nothing sized by the count."""
+    backend = JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+    st = storage()
+    for i, batch in enumerate(turn_batches(2)):
+        await backend.append_batch(st, batch, i > 0)
+    path = Path(backend.locate(st.meta).path)
+    data = path.read_bytes()
+    last = pairs(data, compression)[-1]
+    body = data[last.data_start : last.end]
+    crc = zlib.crc32(body)
+    decl = (
+        _zstd_decl(last.first_seq, (1 << 32) - 1, len(body), crc)
+        if compression == "zstd"
+        else _line_decl(last.first_seq, (1 << 32) - 1, len(body), crc)
+    )
+    path.write_bytes(data[: last.start] + decl + body)
+    with pytest.raises(SessionPersistenceCorruptionError, match="declares 4294967295 event"):
+        await backend.load_stored("s1")

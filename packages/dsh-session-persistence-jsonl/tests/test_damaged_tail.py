@@ -14,7 +14,7 @@ from dsh.session_persistence.backend import (
 )
 from dsh.session_persistence_jsonl import JsonlBackend
 
-from ._formats import pairs, write_v0
+from ._formats import declared, pairs, write_v0
 from ._sessions import storage, turn_batches
 
 pytestmark = pytest.mark.anyio
@@ -93,3 +93,22 @@ async def test_a_v0_log_is_never_discardable(tmp_path: Path, compression: str) -
     backend = JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
     with pytest.raises(SessionPersistenceCorruptionError, match="v0 log"):
         await backend.find_damaged_tail("s1")
+
+
+async def test_a_declaration_that_breaks_the_seq_order_is_damage_even_when_torn(
+    tmp_path: Path, compression: str
+) -> None:
+    """Our writer's torn batch always continues the seqs: a valid declaration that does not is not a tear."""
+    backend, path, full = await _written(tmp_path, compression)
+    last = pairs(full, compression)[-1]
+    nxt = last.first_seq + last.count
+    for first_seq in (nxt + 5, nxt - 1):
+        pair = declared(
+            compression, first_seq, 1, b'{"type":"turn/start","seq":%d,"time":1,"data":{"turn":9}}\n' % first_seq
+        )
+        path.write_bytes(full + pair[: len(pair) - 3])  # the data is cut short
+        with pytest.raises(SessionPersistenceCorruptionError, match="expected a batch from seq"):
+            await backend.load_stored("s1")
+        path.write_bytes(full + pair)  # complete, CRC-valid, but a gap (or an overlap) in the seqs
+        with pytest.raises(SessionPersistenceCorruptionError, match="expected a batch from seq"):
+            await backend.load_stored("s1")

@@ -192,3 +192,23 @@ def test_storage_error_keeps_errno_path_and_cause(tmp_path: Path) -> None:
         JsonlBackend(target / "deeper")
     assert info.value.errno == errno.ENOTDIR
     assert isinstance(info.value.__cause__, OSError)
+
+
+def test_no_open_in_the_layout_follows_a_symlink(tmp_path: Path) -> None:
+    """Descriptor-level guard (behind the lstat checks): reads, appends and truncation refuse a symlink."""
+    from dsh.session_persistence_jsonl._fs import append_durable, open_read, stable_read, truncate_durable
+
+    target = tmp_path / "target"
+    target.write_bytes(b"committed\n")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    for attempt in (
+        lambda: open_read(str(link)),
+        lambda: stable_read(str(link)),
+        lambda: append_durable(str(link), b"more\n"),
+        lambda: truncate_durable(str(link), 0, 10),
+    ):
+        with pytest.raises(OSError) as info:
+            attempt()
+        assert info.value.errno == errno.ELOOP
+    assert target.read_bytes() == b"committed\n"

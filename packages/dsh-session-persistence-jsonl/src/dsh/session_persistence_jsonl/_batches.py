@@ -235,7 +235,8 @@ class _Walk:
         except StorageLineError as exc:
             raise self.damage(f"{where}: unparsable committed event: {exc}") from exc
         seqs = list(map(_seq_of, events))
-        if seqs != list(range(decl.first_seq, decl.first_seq + decl.count)):
+        # The count first: a declared count is never turned into a list (a crafted one could be 4 billion).
+        if len(seqs) != decl.count or seqs != list(range(decl.first_seq, decl.first_seq + len(seqs))):
             raise self.damage(
                 f"{where} declares {decl.count} event(s) from seq {decl.first_seq} but holds seqs "
                 f"{seqs[:1]}..{seqs[-1:]} ({len(seqs)} event(s))"
