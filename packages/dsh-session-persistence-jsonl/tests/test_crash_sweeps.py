@@ -38,6 +38,7 @@ from ._formats import pairs, write_v0
 from ._sessions import storage, turn_batches
 
 LONG = os.environ.get("DSH_LONG") == "1"
+SECTOR = 512
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(3600 if LONG else 300)]
 
 TURNS, TOKENS = (6, 40) if LONG else (3, 12)
@@ -139,8 +140,9 @@ async def test_v1_every_cut_of_the_last_batch_is_the_committed_prefix_plus_a_tea
 async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compression: str) -> None:
     """The size reached the disk, the bytes did not: zeros from any offset of the last batch to the end.
 
-    Zeros from the batch start, inside its declaration or inside its data (two or more) are a torn write; a
-    batch missing only its last byte is restored (the CRC finds the byte) and kept, whichever it was.
+    Zeros from the batch start or inside its declaration, or data turning to zeros from a sector boundary, are a
+    torn write; a batch missing only its last byte is restored (the CRC finds the byte) and kept, whichever it
+    was. Zeros that start and end inside one sector of the data are damage (no crash leaves that).
     """
     backend, st, batches, path, last_start = await _build(tmp_path, compression)
     full = path.read_bytes()
@@ -148,16 +150,27 @@ async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compress
     last = pairs(full, compression)[-1]
     assert last.start == last_start
     assert full[-2:].count(0) == 0  # committed data never ends in zeros
+    outcomes = {"torn": 0, "restored": 0, "damage": 0}
     for zero_from in range(last_start, len(full)):
-        tail = full[last_start:zero_from] + b"\0" * (len(full) - zero_from)
-        log = _decode(backend, path, full[:last_start] + tail)
-        assert log.torn is not None and log.torn.truncate_to == last_start, zero_from
-        if zero_from == len(full) - 1:
-            assert log.events == committed + batches[-1]
-            assert log.torn.recovered_events == batches[-1]
+        state = full[:zero_from] + b"\0" * (len(full) - zero_from)
+        zeros = len(state.rstrip(b"\0"))  # where the run of zeros really starts
+        sector_crossed = -(-zeros // SECTOR) * SECTOR < len(full)
+        if zero_from < last.data_start or zero_from == len(full) - 1 or sector_crossed:
+            log = _decode(backend, path, state)
+            assert log.torn is not None and log.torn.truncate_to == last_start, zero_from
+            if zero_from == len(full) - 1:
+                assert log.events == committed + batches[-1]
+                assert log.torn.recovered_events == batches[-1]
+                outcomes["restored"] += 1
+            else:
+                assert log.events == committed, zero_from
+                assert log.torn.recovered_events == []
+                outcomes["torn"] += 1
         else:
-            assert log.events == committed, zero_from
-            assert log.torn.recovered_events == []
+            with pytest.raises(SessionPersistenceError, match="fails its CRC"):
+                _decode(backend, path, state)
+            outcomes["damage"] += 1
+    assert outcomes["torn"] > outcomes["damage"] and outcomes["restored"] == 1, outcomes
     # Zeros past a whole batch, of any length (a later append's size without its bytes).
     for extra in (1, 31, 32, 4096, 70_000):
         log = _decode(backend, path, full + b"\0" * extra)

@@ -6,7 +6,8 @@ declarations and verifies each batch's data against its CRC:
 
 * **torn tail** (a write that never completed, cut by ``load``): the file ends inside a declaration or inside
   its declared data, or only zero bytes (possibly after the start of a declaration) follow the last complete
-  batch, or the final batch's data ends in zeros (at least two; committed data never ends in a zero byte);
+  batch, or the last batch's data turns to zeros from a sector boundary to the end of the file (its size reached
+  the disk, its data did not; committed data never ends in a zero byte);
 * **damage** (``SessionPersistenceCorruptionError``, never cut): a complete declaration that fails its own CRC
   or states an impossible or oversized batch, data that fails its CRC or does not decode to exactly the
   declared events, anywhere, the last batch included.
@@ -192,6 +193,22 @@ def _rest_is_torn(src: Source, pos: int, compression: Compression) -> bool:
     return could_be_torn_line_declaration(head)
 
 
+#: The unit a disk persists atomically: a write whose data did not reach the disk reads as zeros from a sector
+#: boundary on.
+SECTOR = 512
+
+
+def _zero_filled_write(src: Source, data_start: int, end: int) -> bool:
+    """Whether a batch that fails its CRC is a write whose size reached the disk but whose data did not.
+
+    That leaves zeros from a sector boundary inside the batch's data to the end of the file. A single damaged byte
+    (one zero) never qualifies: the run must cover a sector boundary inside the data and be two bytes or more.
+    """
+    zeros_from = _head_end(src, data_start)
+    boundary = -(-zeros_from // SECTOR) * SECTOR
+    return boundary < end and src.size - zeros_from >= 2
+
+
 def _declaration_at(src: Source, pos: int, compression: Compression) -> tuple[Declaration, int]:
     """The declaration at ``pos`` and where its data starts; :class:`DeclarationError` if incomplete or bad."""
     if compression == "zstd":
@@ -278,29 +295,30 @@ def _read_header(
 
 
 def _zero_filled_end(
-    src: Source, walk: _Walk, data: bytes | memoryview, decl: Declaration, pos: int, end: int
+    src: Source, walk: _Walk, data: bytes | memoryview, decl: Declaration, pos: int, data_start: int, end: int
 ) -> list[SessionEvent] | None:
     """A final batch whose size reached the disk but whose last bytes did not: ``None`` if it is damage.
 
     Committed data never ends in a zero byte (``none``: every batch ends with ``}\\n``; ``zstd``: the writer
-    falls back to a stored frame ending in the plaintext when a compressed one would end in zeros). So data
-    ending in two or more zeros, with only zeros after it, cannot come from a change of one byte in committed
-    data: it is a torn write (dropped, ``[]``). Data ending in exactly one zero is either a write torn before
-    its last byte or a committed batch whose last byte was damaged: if some last byte makes the CRC verify,
-    the batch is exactly known and its events are kept (repair re-appends them), so neither case loses anything.
+    falls back to a stored frame ending in the plaintext when a compressed one would end in zeros), so no change
+    of one byte in committed data can end it in two zeros. Zeros from a sector boundary to the end of the file
+    (:func:`_zero_filled_write`) are a torn write: dropped (``[]``). Data ending in exactly one zero is either a
+    write torn before its last byte or a committed batch whose last byte was damaged: if some last byte makes the
+    CRC verify, the batch is exactly known and its events are kept (repair re-appends them), so neither case
+    loses anything.
     """
     if _head_end(src, end) != end:
         return None  # something that is not zeros follows: not the end of the log
     raw = bytes(data)
     if raw.endswith(b"\0\0"):
-        return []
+        return [] if _zero_filled_write(src, data_start, end) else None
     if not raw.endswith(b"\0"):
         return None
     prefix_crc = data_crc(raw[:-1])
     for last in range(1, 256):
         if zlib.crc32(bytes((last,)), prefix_crc) == decl.crc:
             restored = raw[:-1] + bytes((last,))
-            return walk.events(walk.plaintext(restored, end - len(raw)), decl, pos)
+            return walk.events(walk.plaintext(restored, data_start), decl, pos)
     return None
 
 
@@ -363,11 +381,11 @@ def walk_declared(
             if expected > from_seq:
                 data = src.read(data_start, end)
                 if data_crc(data) != decl.crc:
-                    torn_events = _zero_filled_end(src, walk, data, decl, pos, end)
+                    torn_events = _zero_filled_end(src, walk, data, decl, pos, data_start, end)
                     if torn_events is not None:
                         events.extend(torn_events)
                         recovered = torn_events
-                        break
+                        break  # the size of a write that never completed reached the disk, its data did not
                     raise walk.damage(
                         f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
                     )

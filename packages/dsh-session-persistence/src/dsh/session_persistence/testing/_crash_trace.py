@@ -13,7 +13,7 @@ fsynced. At every crash point (after each traced call) the states generated are:
 * ``drop-page``: every un-synced write landed except one 4 KiB page (the page keeps its old bytes, or
   zeros past the old end), and ``only-page``: only one page of them landed (later blocks reordered first);
 * ``zero-tail``: the file sizes reached the disk but the written bytes did not (zeros), also after a prefix
-  of real data;
+  of real data that ends at a sector boundary (a disk persists whole sectors);
 * ``garbage-tail``: the same with random bytes instead of zeros.
 
 Identical states are generated once per crash point (by content); callers that compare states across points
@@ -250,7 +250,12 @@ def _content_variants(inode: _Inode, cuts: str, rng: random.Random) -> Iterator[
             yield "only-page", bytes(only)
     ordered = sorted(written)
     for keep in [0, *_cut_points(len(ordered), cuts)]:
-        lost = set(ordered[keep:])
+        # What reaches the disk does so in whole sectors: past a cut, the data is lost from the next sector
+        # boundary on (all of it when nothing landed).
+        boundary = -(-ordered[keep] // SECTOR) * SECTOR if keep else 0
+        lost = {o for o in ordered[keep:] if o >= boundary}
+        if not lost:
+            continue
         zero = bytearray(full)
         revert(zero, lost, b"\0")
         yield "zero-tail", bytes(zero)
