@@ -8,10 +8,11 @@ a new backend over each and checks what it reads:
 * a loaded log must be the acknowledged log, or a prefix of the log in flight that still holds every
   acknowledged event (for a rewrite in flight: the old log or the new one, exactly);
 * a refusal must be ``SessionPersistenceCorruptionError``, and is acceptable only for a state with bytes a
-  crash did not simply cut short: a hole inside the unacknowledged tail (``drop-page``, ``only-page``) or a
-  garbage tail. Refusing a state where the unacknowledged tail is merely missing, cut or zero-filled
+  crash did not simply cut short: a hole inside the unacknowledged tail (``drop-page``, ``only-page``,
+  ``zero-sectors``: a record whose later sectors never landed is indistinguishable from a damaged one) or a
+  garbage tail. Refusing a state where the unacknowledged tail is merely missing, cut, or all zeros
   (``synced``, ``all``, ``names``, ``prefix``, ``zero-tail``) is counted in ``refused_clean``: such a session
-  must load (the tail is torn, never damage);
+  must load (the tail is torn, never damage). ``refused_by_kind`` counts every refusal;
 * anything else (another exception, events that were never written, a lost acknowledged batch) is a violation.
 
 The comparison is byte for byte on each event's wire JSON.
@@ -76,12 +77,14 @@ class CrashStateReport:
     kinds: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     refused_clean: list[str] = field(default_factory=list)
+    refused_by_kind: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
         outcomes = " ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
+        refused = ",".join(f"{k}:{v}" for k, v in sorted(self.refused_by_kind.items())) or "-"
         return (
             f"calls={self.trace_calls} states={self.generated} checked={self.checked} {outcomes} "
-            f"refused_clean={len(self.refused_clean)} violations={len(self.violations)}"
+            f"refused_by_kind={refused} refused_clean={len(self.refused_clean)} violations={len(self.violations)}"
         )
 
 
@@ -213,6 +216,7 @@ def check_crash_states(
             if outcome == "error":
                 report.violations.append(f"{where}: {detail}")
             elif outcome == "refused":
+                report.refused_by_kind[state.kind] += 1
                 if state.kind in CLEAN_KINDS:
                     report.refused_clean.append(f"{where}: {detail}")
             else:
