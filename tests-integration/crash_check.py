@@ -193,7 +193,7 @@ async def verify(root: Path, *, resume: bool = True, check_effects: bool = True,
     host = Host()
     host.load_entrypoints()
     store = SessionStore(host)
-    backend_cls: Any = host.backends()["jsonl"]
+    backend_cls: Any = host.dsh_session_backends()["jsonl"]
     backend = backend_cls(root / "sessions", compression=compression)
     async with PersistenceCoordinator(host, backend) as coordinator:
         try:

@@ -143,7 +143,7 @@ async def run(args: argparse.Namespace) -> None:
     if args.no_policy:
         host.unregister(name=POLICY_PLUGIN)
     store = AckingStore(host, root / "acks")
-    backend_cls: Any = host.backends()["jsonl"]
+    backend_cls: Any = host.dsh_session_backends()["jsonl"]
     backend = backend_cls(root / "sessions", compression=args.compression)
     rng = random.Random(args.seed)
 

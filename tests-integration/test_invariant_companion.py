@@ -42,7 +42,7 @@ async def test_a_broken_order_is_reported_at_append_time_and_still_persisted(
     host = Host()
     host.load_entrypoints()
     store = SessionStore(host)  # no check_turns: the store accepts any order, the companion reports it
-    backend_cls = host.backends()["jsonl"]
+    backend_cls = host.dsh_session_backends()["jsonl"]
     async with PersistenceCoordinator(host, backend_cls(tmp_path, compression="none")) as persistence:
         session = store.create("broken")
         session.append("turn/start", {"turn": 1})

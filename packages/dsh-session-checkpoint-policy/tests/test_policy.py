@@ -1040,3 +1040,18 @@ async def test_parallel_tool_checkpoints_serialize() -> None:
     assert backend.trace == [("start", 3), ("end", 3), ("start", 2), ("end", 2)]
     seqs = [e.seq for e in backend.store.events(SESSION_ID)]
     assert seqs == list(range(5))
+
+
+def test_public_docstrings_stand_alone() -> None:
+    """A user reading help() has no design documents: the public names carry no section references."""
+    import inspect
+
+    import dsh.session_checkpoint_policy as face
+
+    docs = [face.__doc__ or ""]
+    for name in face.__all__:
+        obj = getattr(face, name)
+        docs.append(getattr(obj, "__doc__", None) or "" if inspect.isclass(obj) or inspect.isfunction(obj) else "")
+        if inspect.isclass(obj):
+            docs += [getattr(v, "__doc__", None) or "" for k, v in vars(obj).items() if not k.startswith("_")]
+    assert not [doc for doc in docs if "§" in doc]

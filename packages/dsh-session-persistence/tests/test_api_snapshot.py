@@ -142,6 +142,29 @@ def test_faces_export_only_names_they_define_or_re_export() -> None:
             assert hasattr(module, name), f"{face}.__all__ names {name}, which it does not define"
 
 
+def _documented(face: str) -> list[tuple[str, str]]:
+    """(where, docstring) for the face module, each name in its ``__all__`` and a core class's public members."""
+    module = importlib.import_module(face)
+    out = [(face, module.__doc__ or "")]
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue  # constants and aliases carry their type's docstring, not their own
+        out.append((f"{face}.{name}", obj.__doc__ or ""))
+        if inspect.isclass(obj) and obj.__module__.startswith("dsh."):
+            for member, value in vars(obj).items():
+                if not member.startswith("_"):
+                    out.append((f"{face}.{name}.{member}", getattr(value, "__doc__", None) or ""))
+    return out
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_public_docstrings_stand_alone(face: str) -> None:
+    # A user reading help() has no design documents: no section references.
+    offenders = [where for where, doc in _documented(face) if "§" in doc]
+    assert not offenders
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         raise SystemExit("usage: test_api_snapshot.py --write")

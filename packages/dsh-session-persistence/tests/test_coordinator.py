@@ -28,7 +28,7 @@ from dsh.session_persistence._errors import (
     SessionStorageError,
     UnsupportedOperationError,
 )
-from dsh.session_persistence._events import event_to_builtins, event_types
+from dsh.session_persistence._event_codec import event_to_builtins, event_types
 from dsh.session_persistence._header import SessionHeader
 from dsh.session_persistence._host import Host
 from dsh.session_persistence._memory import MemoryBackend, MemoryStore
@@ -195,7 +195,7 @@ async def test_memory_plugin_is_discoverable() -> None:
 
     host = Host()
     host.register(_memory_plugin)
-    assert host.backends() == {"memory": MemoryBackend}
+    assert host.dsh_session_backends() == {"memory": MemoryBackend}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -566,7 +566,7 @@ async def test_35_reemitted_session_created_writes_nothing_twice() -> None:
         session = live(r.store, "s")
         for e in one_turn_log()[:3]:
             session.append_event(e)
-        r.host.emit_session_created(session)
+        r.host.session_created(session)
         await r.store.flush(session)
         assert stored(r, "s") == [0, 1, 2]
 

@@ -7,6 +7,7 @@ import importlib.metadata
 import logging
 import sys
 import textwrap
+import types
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -24,7 +25,9 @@ from dsh.session_persistence._boundaries import (
     ToolExecutionResult,
     aborted_before_dispatch_result,
 )
+from dsh.session_persistence._errors import SessionLifecycleError
 from dsh.session_persistence._host import Host, hookimpl
+from dsh.session_persistence._session import SessionStore
 
 BOUNDARY_HOOKS = ("llm_stream", "tools_execute", "agent_pre_step")
 
@@ -574,7 +577,7 @@ def test_backends_are_merged_in_registration_order() -> None:
     host.register(Provides(MemoryBackend))
     host.register(Provides(JsonlBackend))
     host.register(Provides(MemoryBackend))  # the same class twice is harmless
-    backends = host.backends()
+    backends = host.dsh_session_backends()
     assert backends == {"memory": MemoryBackend, "jsonl": JsonlBackend}
     assert list(backends) == ["memory", "jsonl"]
 
@@ -586,14 +589,14 @@ def test_duplicate_backend_name_is_an_error() -> None:
     with pytest.raises(
         ValueError, match=r'two session backends are named "jsonl": .*JsonlBackend and .*OtherJsonlBackend'
     ):
-        host.backends()
+        host.dsh_session_backends()
 
 
 def test_backend_without_name_is_an_error() -> None:
     host = Host()
     host.register(Provides(FakeSession))
     with pytest.raises(TypeError, match="must be a class with a non-empty str NAME"):
-        host.backends()
+        host.dsh_session_backends()
 
 
 # --- entry points --------------------------------------------------------------------------------
@@ -639,7 +642,7 @@ def test_load_entrypoints_registers_installed_plugins(fake_distribution: Callabl
     host = Host()
     assert host.load_entrypoints() == 1
     assert host.has_plugin("fake")
-    assert list(host.backends()) == ["fake"]
+    assert list(host.dsh_session_backends()) == ["fake"]
     assert host.load_entrypoints() == 0  # already registered
 
 
@@ -704,6 +707,122 @@ def test_every_hook_call_passes_the_host() -> None:
     host.register(ToolTerminal([]))
     host.register(plugin)
     host.emit_session_event(FakeSession(), object())  # type: ignore[arg-type]
-    host.backends()
+    host.dsh_session_backends()
     host.tools_execute(execution()).close()  # type: ignore[attr-defined]
     assert plugin.seen == [("event", host), ("backends", host), ("tools", host)]
+
+
+def test_two_entry_points_with_one_name_are_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    # pluggy would load the first and silently skip the second: a backend would be hidden.
+    dists = []
+    for tag in ("one", "two"):
+        dist_info = tmp_path / f"fake_dsh_{tag}-1.0.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fake-dsh-{tag}\nVersion: 1.0\n")
+        (dist_info / "entry_points.txt").write_text(f"[dsh.session]\nsame = fake_dsh_plugin_{tag}\n")
+        (tmp_path / f"fake_dsh_plugin_{tag}.py").write_text(
+            "from dsh.session_persistence import hookimpl\n\n"
+            f"class B:\n    NAME = {tag!r}\n\n"
+            "@hookimpl\ndef dsh_session_backends():\n    return [B]\n"
+        )
+        request.addfinalizer(lambda tag=tag: sys.modules.pop(f"fake_dsh_plugin_{tag}", None))
+        dists.append(importlib.metadata.PathDistribution(dist_info))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: list(dists))
+    host = Host()
+    with pytest.raises(pluggy.PluginValidationError, match=r"two 'dsh.session' entry points are named 'same'"):
+        host.load_entrypoints()
+    assert not host.has_plugin("same")
+    # The same distribution seen twice (two sys.path entries) is one plugin, not a clash.
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [dists[0], dists[0]])
+    assert host.load_entrypoints() == 1
+    assert list(host.dsh_session_backends()) == ["one"]
+
+
+def test_an_entry_point_named_like_a_different_registered_plugin_is_an_error(
+    fake_distribution: Callable[[str, str], None],
+) -> None:
+    fake_distribution(
+        "fake_dsh_plugin_named",
+        """
+        from dsh.session_persistence import hookimpl
+
+        @hookimpl
+        def dsh_session_backends():
+            return []
+        """,
+    )
+    host = Host()
+    other = types.SimpleNamespace()
+    host.register(other, name="fake")
+    with pytest.raises(pluggy.PluginValidationError, match="already registered for a different object"):
+        host.load_entrypoints()
+
+
+def test_explicit_register_refuses_a_misspelled_hook_and_leaves_the_registry_as_it_was() -> None:
+    class Typo:
+        @hookimpl
+        def session_evnet(self, session: object, event: object) -> None:
+            raise AssertionError("never called")
+
+    host = Host()
+    with pytest.raises(
+        pluggy.PluginValidationError, match=r"unknown hook 'session_evnet'.*did you mean 'session_event'"
+    ):
+        host.register(Typo(), name="typo")
+    assert not host.has_plugin("typo")
+    host.check_pending()  # nothing unknown left behind
+
+
+def test_an_optional_hook_may_be_unknown() -> None:
+    class Optional:
+        @hookimpl(optionalhook=True)
+        def some_future_hook(self) -> None:
+            raise AssertionError("never called")
+
+    host = Host()
+    assert host.register(Optional(), name="optional") == "optional"
+
+
+def test_one_store_per_host() -> None:
+    host = Host()
+    store = SessionStore(host)
+    assert host.sessions is store
+    host.sessions = store  # the same store again is fine
+    with pytest.raises(SessionLifecycleError, match="already has a SessionStore"):
+        SessionStore(host)
+    assert host.sessions is store
+    host.sessions = None  # detaching is allowed, and then a new store may attach
+    assert SessionStore(host) is host.sessions
+
+
+def test_has_session_flush_and_backends_by_plugin() -> None:
+    class Backend:
+        NAME = "b"
+
+    class Provides:
+        @hookimpl
+        def dsh_session_backends(self) -> list[type[object]]:
+            return [Backend]
+
+    class Broken:
+        @hookimpl
+        def dsh_session_backends(self) -> list[type[object]]:
+            raise RuntimeError("boom")
+
+    class Flushes:
+        @hookimpl
+        def session_flush(self, session: object) -> None:
+            return None
+
+    host = Host()
+    assert not host.has_session_flush()
+    host.register(Provides(), name="provides")
+    host.register(Broken(), name="broken")
+    by_plugin = host.backends_by_plugin()
+    assert by_plugin["provides"] == [Backend]
+    assert isinstance(by_plugin["broken"], RuntimeError)
+    host.register(Flushes(), name="flushes")
+    assert host.has_session_flush()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from dsh.session_persistence._events import SessionEvent, decode_event, event_to_builtins
+from dsh.session_persistence._event_codec import decode_event, event_to_builtins
+from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._repair import (
     TOOL_NOT_STARTED_TEXT,
     TOOL_OUTCOME_UNKNOWN_TEXT,

@@ -12,7 +12,8 @@ from dsh.session_persistence._errors import (
     SessionAlreadyExistsError,
     SessionLifecycleError,
 )
-from dsh.session_persistence._events import SessionEvent, event_to_builtins
+from dsh.session_persistence._event_codec import event_to_builtins
+from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._fork import SessionForkError
 from dsh.session_persistence._host import Host, hookimpl
 from dsh.session_persistence._json import NotLosslessJsonError

@@ -6,10 +6,16 @@ import json
 from typing import Any
 
 import pytest
+from dsh.session_persistence import MemoryBackend
 from dsh.session_persistence._storage_lines import _batch
 from dsh.session_persistence.backend import (
+    SeqMismatchError,
     SessionEvent,
+    SessionFormatUnsupportedError,
     StorageLineError,
+    StorageMetadata,
+    check_contiguous,
+    check_format_version,
     decode_event,
     decode_storage_line,
     decode_storage_lines,
@@ -17,17 +23,14 @@ from dsh.session_persistence.backend import (
     encode_storage_lines,
     event_to_builtins,
     expand_chunk_row,
+    first_seq_gap,
 )
+from dsh.session_persistence.testing import meta, turn_end, turn_start
 
 
-def ev(seq: int, etype: str = "turn/start", **data: Any) -> bytes:
-    payload: dict[str, Any] = {"turn": 0}
-    if etype == "turn/end":
-        payload["reason"] = {"kind": "completed"}
-    if etype in ("step/start", "step/end"):
-        payload["step"] = 0
-    payload.update(data)
-    return json.dumps({"type": etype, "seq": seq, "time": 1000 + seq, "data": payload}, separators=(",", ":")).encode()
+def ev(seq: int, etype: str = "turn/start") -> bytes:
+    """One valid event line (no LF): a ``turn/start`` or ``turn/end`` of turn 1."""
+    return encode_event(turn_end(seq) if etype == "turn/end" else turn_start(seq))
 
 
 def streamed_log(turns: int) -> list[SessionEvent]:
@@ -201,6 +204,7 @@ def _surface(seq: int, **override: Any) -> dict[str, Any]:
             "turn": 1,
             "step": 0,
             "message": {
+                "id": "a1",
                 "role": "assistant",
                 "content": [{"type": "text", "text": "hi"}],
                 "source": {"kind": "model", "provider": "p", "model": "m"},
@@ -212,7 +216,7 @@ def _surface(seq: int, **override: Any) -> dict[str, Any]:
 
 
 def _odd_lines() -> list[bytes]:
-    user = {"role": "user", "content": [{"type": "text", "text": "x"}], "source": {"kind": "user"}}
+    user = {"id": "u1", "role": "user", "content": [{"type": "text", "text": "x"}], "source": {"kind": "user"}}
     lines = [_wire(row) for row in _row_variants()]
     lines += [
         ev(3),
@@ -237,6 +241,14 @@ def _odd_lines() -> list[bytes]:
         b"[1]",
     ]
     return lines
+
+
+def test_the_odd_lines_reach_the_batch_post_checks() -> None:
+    # The surface variants must be well-formed enough to decode typed, or the post-checks are never exercised.
+    assert _batch(_wire(_surface(9)) + b"\n") is not None
+    assert _batch(_wire(_surface(9, sourceEventSeqs=[1, 1])) + b"\n") is None
+    user = {"id": "u1", "role": "user", "content": [{"type": "text", "text": "x"}], "source": {"kind": "user"}}
+    assert _batch(_wire(_surface(9, data={"turn": 1, "step": 0, "message": user})) + b"\n") is None
 
 
 @pytest.mark.parametrize("line", _odd_lines())
@@ -292,3 +304,35 @@ def test_storage_lines_round_trip_packed_and_plain() -> None:
     for pack in (True, False):
         assert decode_storage_lines(encode_storage_lines(log, pack_chunks=pack)) == log
     assert encode_storage_lines([], pack_chunks=True) == b""
+
+
+def test_first_seq_gap_and_check_contiguous() -> None:
+    log = [turn_start(3), turn_end(4)]
+    assert first_seq_gap(log, 3) is None
+    assert first_seq_gap([], 7) is None
+    assert first_seq_gap(log, 2) == 0
+    assert first_seq_gap([turn_start(0), turn_end(2)]) == 1
+    check_contiguous("s", 3, log)
+    with pytest.raises(SeqMismatchError, match=r'append seq mismatch for "s": expected 4 at index 0, got 3'):
+        check_contiguous("s", 4, log)
+
+
+async def test_memory_backend_refuses_a_gapped_batch_itself(anyio_backend: object) -> None:
+    # Defense in depth below the coordinator: the backend's own append checks contiguity.
+    backend = MemoryBackend()
+    storage = StorageMetadata(meta("gap"))
+    with pytest.raises(SeqMismatchError):
+        await backend.append_batch(storage, [turn_start(1)], False)
+    await backend.append_batch(storage, [turn_start(0)], False)
+    with pytest.raises(SeqMismatchError, match="expected 1 at index 0, got 2"):
+        await backend.append_batch(storage, [turn_end(2)], True)
+
+
+def test_format_refusal_names_a_damaged_id_as_json() -> None:
+    # A header read raw may carry any JSON id: it is shown as JSON (null, true), the way it is stored.
+    with pytest.raises(SessionFormatUnsupportedError, match=r'session "null" uses log format v99, but this harness'):
+        check_format_version(None, 99, "/p")
+    with pytest.raises(SessionFormatUnsupportedError, match=r'session "true" uses log format v-1, older than'):
+        check_format_version(True, -1.0)
+    check_format_version("s", 0)  # the current version passes
+    check_format_version("s", "0")  # not a number: left to header validation

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 from dsh.session_persistence._errors import TurnInvariantError
-from dsh.session_persistence._events import SessionEvent, decode_event
+from dsh.session_persistence._event_codec import decode_event
+from dsh.session_persistence._events import SessionEvent
 from dsh.session_persistence._repair import TOOL_NOT_STARTED
 from dsh.session_persistence._validator import TurnValidator, validate_turns
 

@@ -17,6 +17,7 @@ from ._policy import NAME, REQUIRES, CheckpointPolicy
 
 if TYPE_CHECKING:
     from dsh.session_persistence import (
+        Agent,
         Host,
         ModelRequest,
         PreStepDecision,
@@ -50,7 +51,7 @@ def tools_execute(
 
 @hookimpl(wrapper=True)
 def agent_pre_step(
-    host: Host, agent: object, pre_step: PreStepInput
+    host: Host, agent: Agent, pre_step: PreStepInput
 ) -> Generator[None, Awaitable[PreStepDecision], Awaitable[PreStepDecision]]:
     """See :meth:`CheckpointPolicy.agent_pre_step`."""
     return (yield from policy.agent_pre_step(host, agent, pre_step))

@@ -1,6 +1,6 @@
 """The checkpoint policy: three new-style wrappers that flush the live session at semantic boundaries.
 
-Each boundary hook returns an *inert* async object (spec/policy.md §4.2); the wrappers below only wrap that object
+Each boundary hook returns an *inert* async object; the wrappers below only wrap that object
 in the synchronous part around ``yield`` (look-ups, no effects) and do the flush inside the object they return:
 
 * ``llm_stream``: an async generator that flushes before its first pull of the inner stream;
@@ -34,7 +34,7 @@ from dsh.session_persistence import (
 )
 
 if TYPE_CHECKING:
-    from dsh.session_persistence import Host, Session, SessionStore
+    from dsh.session_persistence import Agent, Host, Session, SessionStore
     from dsh.session_persistence.events import StreamChunk
 
 __all__ = ["NAME", "REQUIRES", "CheckpointPolicy"]
@@ -57,15 +57,14 @@ def _active_store(host: Host) -> SessionStore | None:
     backend) ``SessionStore.flush`` would be a no-op, so the policy passes through instead (rule P2).
     """
     store = host.sessions
-    if store is None or not host.hook.session_flush.get_hookimpls():
+    if store is None or not host.has_session_flush():
         return None
     return store
 
 
-def _agent_session(agent: object) -> Session:
-    """The agent's session (duck-typed: the agent exposes ``.session``, a live ``Session`` of the store)."""
-    session: Session = getattr(agent, "session")  # noqa: B009 - duck-typed on purpose; raises AttributeError
-    return session
+def _agent_session(agent: Agent) -> Session:
+    """The agent's session (an :class:`~dsh.session_persistence.hookspecs.Agent` exposes its live session)."""
+    return agent.session
 
 
 # -------------------------------------------------------------------------------------------------
@@ -124,7 +123,7 @@ async def _stream_after_checkpoint(
 
 
 async def _tool_after_checkpoint(
-    inner: Awaitable[ToolExecutionResult], store: SessionStore, agent: object, signal: CancelSignal
+    inner: Awaitable[ToolExecutionResult], store: SessionStore, agent: Agent, signal: CancelSignal
 ) -> ToolExecutionResult:
     """Flush the agent's session before the rest of the tool chain and the body (rules P7, P9, P10)."""
     try:
@@ -140,7 +139,7 @@ async def _tool_after_checkpoint(
 
 
 async def _pre_step_after_checkpoint(
-    inner: Awaitable[PreStepDecision], store: SessionStore, agent: object
+    inner: Awaitable[PreStepDecision], store: SessionStore, agent: Agent
 ) -> PreStepDecision:
     """Flush the agent's session before the rest of the pre-step chain (rules P11, P12)."""
     try:
@@ -156,7 +155,7 @@ async def _pre_step_after_checkpoint(
 
 
 class CheckpointPolicy:
-    """Semantic durability checkpoints for a persisted agent (spec/policy.md §2).
+    """Semantic durability checkpoints for a persisted agent.
 
     Register one instance beside a persistence backend (or let ``Host.load_entrypoints()`` register the
     ``session-checkpoint-policy`` entry point, which is the same thing; do not do both)::
@@ -210,7 +209,7 @@ class CheckpointPolicy:
 
     @hookimpl(wrapper=True)
     def agent_pre_step(
-        self, host: Host, agent: object, pre_step: PreStepInput
+        self, host: Host, agent: Agent, pre_step: PreStepInput
     ) -> Generator[None, Awaitable[PreStepDecision], Awaitable[PreStepDecision]]:
         """Wrap the pre-step chain so the agent's session is flushed before it runs."""
         inner = yield

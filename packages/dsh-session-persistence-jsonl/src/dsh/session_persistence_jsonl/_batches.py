@@ -6,7 +6,8 @@ declarations and verifies each batch's data against its CRC:
 
 * **torn tail** (a write that never completed, cut by ``load``): the file ends inside a declaration or inside
   its declared data, or only zero bytes (possibly after the start of a declaration) follow the last complete
-  batch;
+  batch, or the last batch's data turns to zeros from a sector boundary to the end of the file (its size reached
+  the disk, its data did not);
 * **damage** (``SessionPersistenceCorruptionError``, never cut): a complete declaration that fails its own CRC
   or states an impossible or oversized batch, data that fails its CRC or does not decode to exactly the
   declared events, anywhere, the last batch included.
@@ -188,6 +189,22 @@ def _rest_is_torn(src: Source, pos: int, compression: Compression) -> bool:
     return could_be_torn_line_declaration(head)
 
 
+#: The unit a disk persists atomically: a write whose data did not reach the disk reads as zeros from a sector
+#: boundary on.
+SECTOR = 512
+
+
+def _zero_filled_write(src: Source, data_start: int, end: int) -> bool:
+    """Whether a batch that fails its CRC is a write whose size reached the disk but whose data did not.
+
+    That leaves zeros from a sector boundary inside the batch's data to the end of the file. A single damaged byte
+    (one zero) never qualifies: the run must cover a sector boundary inside the data and be two bytes or more.
+    """
+    zeros_from = _head_end(src, data_start)
+    boundary = -(-zeros_from // SECTOR) * SECTOR
+    return boundary < end and src.size - zeros_from >= 2
+
+
 def _declaration_at(src: Source, pos: int, compression: Compression) -> tuple[Declaration, int]:
     """The declaration at ``pos`` and where its data starts; :class:`DeclarationError` if incomplete or bad."""
     if compression == "zstd":
@@ -330,6 +347,8 @@ def walk_declared(
             if expected > from_seq:
                 data = src.read(data_start, end)
                 if data_crc(data) != decl.crc:
+                    if _zero_filled_write(src, data_start, end):
+                        break  # the size of a write that never completed reached the disk, its data did not
                     raise walk.damage(
                         f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
                     )

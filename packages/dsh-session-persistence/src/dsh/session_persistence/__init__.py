@@ -4,7 +4,9 @@ This is the face for a person composing an agent: the validating plugin :class:`
 :class:`SessionStore` and its :class:`Session` logs, the :class:`PersistenceCoordinator` that makes them durable
 (write-behind batching, a flush barrier, per-session serialization, crash repair) over a backend such as the
 in-memory :class:`MemoryBackend`, the reference :class:`AgentLoop` with the types its hooks exchange, and the
-errors. Plugin authors import :data:`hookimpl` from here::
+errors. The front door :func:`open_sessions` composes all of it in one line (``async with open_sessions(root) as
+sessions:``) and :class:`Sessions` creates, resumes and forks agents on it. Plugin authors import
+:data:`hookimpl` from here::
 
     from dsh.session_persistence import hookimpl
 
@@ -40,15 +42,19 @@ from ._coordinator import PersistenceCoordinator
 from ._errors import (
     EventValidationError,
     IncompleteInheritedPrefixError,
+    LifecycleArgumentError,
     LiveTurnOpenError,
     ReentrantAppendError,
     SeqMismatchError,
     SessionAlreadyExistsError,
+    SessionChangedError,
+    SessionCursorError,
     SessionFormatUnsupportedError,
     SessionIdCollisionError,
     SessionLifecycleError,
     SessionLiveError,
     SessionLockedError,
+    SessionNeedsRepairError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
@@ -60,20 +66,28 @@ from ._errors import (
     UnsupportedOperationError,
 )
 from ._fork import SessionForkError
+from ._front_door import BackendNotFoundError, Sessions, open_sessions
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError
+from ._lifecycle import CompactResult, PruneReport
+from ._listing import SessionListing, SessionPage
 from ._memory import MemoryBackend, MemoryStore
 from ._session import Session, SessionStore
 from ._views import SessionEventSuffix, SessionInspection
+from .hookspecs import Agent
 from .loop import AgentLoop, LlmError, ModelAdapter, Tool, ToolOutput
 
 __all__ = [
+    "Agent",
     "AgentLoop",
+    "BackendNotFoundError",
     "CancelSignal",
+    "CompactResult",
     "Deferred",
     "EventValidationError",
     "Host",
     "IncompleteInheritedPrefixError",
+    "LifecycleArgumentError",
     "LiveTurnOpenError",
     "LlmError",
     "MemoryBackend",
@@ -84,25 +98,32 @@ __all__ = [
     "PersistenceCoordinator",
     "PreStepDecision",
     "PreStepInput",
+    "PruneReport",
     "ReentrantAppendError",
     "SeqMismatchError",
     "Session",
     "SessionAlreadyExistsError",
+    "SessionChangedError",
+    "SessionCursorError",
     "SessionEventSuffix",
     "SessionForkError",
     "SessionFormatUnsupportedError",
     "SessionIdCollisionError",
     "SessionInspection",
     "SessionLifecycleError",
+    "SessionListing",
     "SessionLiveError",
     "SessionLockedError",
+    "SessionNeedsRepairError",
     "SessionNotFoundError",
+    "SessionPage",
     "SessionPersistenceCorruptionError",
     "SessionPersistenceError",
     "SessionReservedError",
     "SessionStorageError",
     "SessionStore",
     "SessionWriteInDoubtError",
+    "Sessions",
     "Tool",
     "ToolExecution",
     "ToolExecutionResult",
@@ -115,4 +136,5 @@ __all__ = [
     "aborted_result",
     "error_result",
     "hookimpl",
+    "open_sessions",
 ]

@@ -32,6 +32,7 @@ from ._repair import (
 
 if TYPE_CHECKING:
     from ._events import Message
+    from .hookspecs import Agent
 
 __all__ = [
     "CancelSignal",
@@ -136,7 +137,7 @@ class Deferred(Generic[_T]):
     is abandoned instead, :meth:`close` closes ``inner`` (a coroutine, or another ``Deferred`` which
     closes its own inner in turn), so the terminal coroutine at the bottom of the chain is closed
     rather than garbage-collected unawaited. This is why coroutine-hook wrappers return a ``Deferred``
-    rather than an ``async def`` closure (spec/policy.md §4.2 rule 4).
+    rather than an ``async def`` closure, so building it runs nothing.
 
     Awaitable once, like a coroutine.
     """
@@ -204,7 +205,8 @@ class ModelRequest:
     :param messages: The model-visible messages (``Session.derive_messages()``).
     :param config: The call config (provider, model and options from the request header).
     :param system: The system prompt, if any.
-    :param tools: The tool schemas offered to the model.
+    :param tools: The tools offered to the model, one mapping each: ``{"name": str, "description": str,
+        "parameters": <JSON schema of the arguments object>}``, in the order the loop was given them.
     :param signal: The turn's cooperative cancellation signal.
     """
 
@@ -235,7 +237,7 @@ class ToolExecution:
     name: str
     arguments: Any
     signal: CancelSignal
-    agent: object | None = None
+    agent: Agent | None = None
     parent: object | None = None
     turn: int | None = None
     step: int | None = None

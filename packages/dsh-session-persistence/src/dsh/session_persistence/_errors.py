@@ -1,4 +1,4 @@
-"""The error taxonomy shared by every package (DESIGN.md §6).
+"""The error taxonomy shared by every package.
 
 Persistence errors derive from :class:`SessionPersistenceError`; errors raised by the in-memory session core
 for bad caller input are plain ``ValueError``/``TypeError`` subclasses so they read naturally at the call site.
@@ -10,7 +10,11 @@ from __future__ import annotations
 __all__ = [
     "EventValidationError",
     "IncompleteInheritedPrefixError",
+    "LifecycleArgumentError",
     "ReentrantAppendError",
+    "SessionChangedError",
+    "SessionCursorError",
+    "SessionNeedsRepairError",
     "SessionLifecycleError",
     "LiveTurnOpenError",
     "SessionLockedError",
@@ -127,6 +131,33 @@ class SessionLiveError(SessionPersistenceError):
     """An operation that needs a cold session found it live."""
 
 
+class LifecycleArgumentError(SessionPersistenceError, ValueError):
+    """A listing, deletion, retention or compaction request is malformed (a bad limit, order or duration)."""
+
+
+class SessionCursorError(LifecycleArgumentError):
+    """A listing cursor is malformed or was made for another storage root, order or filter set."""
+
+
+class SessionChangedError(SessionPersistenceError):
+    """The stored log changed after it was read (its revision moved); nothing was written or deleted."""
+
+    def __init__(self, session_id: str, message: str | None = None) -> None:
+        super().__init__(message or f'session "{session_id}" changed while the operation ran; nothing was changed')
+        self.session_id = session_id
+
+
+class SessionNeedsRepairError(SessionPersistenceError):
+    """The stored log ends in an interrupted turn or a torn tail: load (or repair) it before compacting."""
+
+    def __init__(self, session_id: str, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f'session "{session_id}" is not closed (an interrupted turn or a torn tail): load or repair it first'
+        )
+        self.session_id = session_id
+
+
 class UnsupportedOperationError(SessionPersistenceError, NotImplementedError):
     """The backend does not implement an optional capability."""
 
@@ -145,7 +176,7 @@ class UnknownEventTypeError(EventValidationError):
 
 
 class TurnInvariantError(ValueError):
-    """An event breaks the turn/step relational rules (session-core §2.2)."""
+    """An event breaks the turn/step rules (a turn or step opened twice, closed without opening, out of order)."""
 
     def __init__(self, message: str, rule: str, seq: int) -> None:
         super().__init__(message)

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 import msgspec
 
 from ._errors import SessionFormatUnsupportedError
-from ._events import SessionEvent, first_refused_unknown
+from ._event_codec import first_refused_unknown
+from ._events import SessionEvent
 from ._header import READABLE_FORMAT_VERSIONS, SESSION_FORMAT_VERSION
 
 __all__ = ["check_format_version", "refuse_unknown_events"]

@@ -1,4 +1,4 @@
-"""The session header: immutable metadata stored beside the log, never as an event (session-core §5.1)."""
+"""The session header: immutable metadata stored beside the log, never as an event."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def _non_negative_safe_int(value: object) -> bool:
 def header_from_builtins(obj: object, *, expected_id: str | None = None) -> SessionHeader:
     """Validate a plain JSON header and build a frozen :class:`SessionHeader`.
 
-    Checks run in the spec's table order and the first failure wins; messages match session-core §5.1.
+    Fields are checked in a fixed order and the first failure wins, as a ``ValueError`` naming the field.
     Extra keys other than the retired ``seedLength`` are tolerated (and not kept).
     """
     if type(obj) is not dict:

@@ -1,8 +1,12 @@
-"""The plugin host: a validating ``pluggy.PluginManager`` with one typed method per hook.
+"""The plugin host: a validating ``pluggy.PluginManager`` with one typed method per hook, named after it.
 
-Nobody calls ``pm.hook.<name>(...)`` directly. The host owns three things pluggy does not give us:
+Nobody outside the host calls ``host.hook.<name>(...)``: ``host.session_event(session, event)`` calls the
+``session_event`` hook, and so on for every hook. The host owns four things pluggy does not give us:
 
-* **Registration rules for the agent boundaries** (spec/policy.md §4.2 rules 1-2): the one terminal
+* **Known hooks only**: every registration (explicit or from an entry point) is checked at once against the
+  hook specifications, so a misspelled ``@hookimpl`` fails loudly instead of never being called; and two
+  installed entry points with the same name are an error, where pluggy would silently load only one.
+* **Registration rules for the agent boundaries**: the one terminal
   implementation of ``llm_stream`` must be an async generator function, that of ``tools_execute`` /
   ``agent_pre_step`` a coroutine function, and there is at most one terminal per boundary. Calling such
   a function runs none of its body, so "the adapter or tool body never runs at hook-call time" holds by
@@ -20,6 +24,8 @@ Nobody calls ``pm.hook.<name>(...)`` directly. The host owns three things pluggy
 
 from __future__ import annotations
 
+import difflib
+import importlib.metadata
 import inspect
 import itertools
 import logging
@@ -30,12 +36,14 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from . import hookspecs
+from ._errors import SessionLifecycleError
 from .hookspecs import PROJECT_NAME
 
 if TYPE_CHECKING:
     from ._boundaries import ModelRequest, PreStepDecision, PreStepInput, ToolExecution, ToolExecutionResult
     from ._events import SessionEvent, StreamChunk
     from ._session import Session, SessionStore
+    from .hookspecs import Agent
 
 __all__ = ["Host", "hookimpl"]
 
@@ -101,9 +109,7 @@ class Host(pluggy.PluginManager):
         super().__init__(PROJECT_NAME)
         self._registration_counter = itertools.count()
         self._registration_index: dict[str, int] = {}
-        #: The host's ``SessionStore``; it sets itself here on construction so plugins holding the
-        #: host (the coordinator, the checkpoint policy) can find live sessions by id.
-        self.sessions: SessionStore | None = None
+        self._sessions: SessionStore | None = None
         self.add_hookspecs(hookspecs)
 
     # ---------------------------------------------------------------------------------------------
@@ -112,7 +118,8 @@ class Host(pluggy.PluginManager):
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register ``plugin`` like pluggy does, then enforce the boundary and notification rules.
 
-        On a violation the plugin is unregistered again (the registry is left as it was) and
+        Every hook implementation must name a specified hook (unless marked ``optionalhook``): a misspelled
+        one fails here. On a violation the plugin is unregistered again (the registry is left as it was) and
         ``pluggy.PluginValidationError`` is raised.
         """
         plugin_name = super().register(plugin, name)
@@ -131,6 +138,14 @@ class Host(pluggy.PluginManager):
             impls = caller.get_hookimpls()
             mine = [impl for impl in impls if impl.plugin is plugin]
             where = f"plugin {plugin_name!r}, hook {caller.name!r}"
+            if not caller.has_spec() and any(not impl.optionalhook for impl in mine):
+                close = difflib.get_close_matches(caller.name, hookspecs.__all__, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise pluggy.PluginValidationError(
+                    plugin,
+                    f"plugin {plugin_name!r}: unknown hook {caller.name!r}, not in the {PROJECT_NAME!r} hook "
+                    f"specification{hint}",
+                )
             if caller.name in _TERMINAL_KINDS:
                 predicate, expected = _TERMINAL_KINDS[caller.name]
                 for impl in mine:
@@ -164,22 +179,67 @@ class Host(pluggy.PluginManager):
     def load_entrypoints(self) -> int:
         """Register the plugins installed under the ``dsh.session`` entry-point group.
 
-        Then verify that every registered implementation names a known hook (``check_pending``), so a
-        misspelled hook name fails here instead of never being called. Returns how many plugins were
-        loaded by this call.
+        Two installed entry points with the same name but different targets raise
+        ``pluggy.PluginValidationError`` before anything is loaded (pluggy would load the first one and
+        silently skip the other), and so does an entry point whose name is already registered for a
+        different plugin. Every registration is checked like :meth:`register`, and then every registered
+        implementation again (``check_pending``). Returns how many plugins were loaded by this call.
         """
+        self._refuse_duplicate_entry_points()
         count = self.load_setuptools_entrypoints(PROJECT_NAME)
         self.check_pending()
         return count
 
+    def _refuse_duplicate_entry_points(self) -> None:
+        seen: dict[str, tuple[str, str]] = {}
+        for dist in importlib.metadata.distributions():
+            for entry_point in dist.entry_points:
+                if entry_point.group != PROJECT_NAME or self.is_blocked(entry_point.name):
+                    continue
+                where = (str(dist.metadata["name"]), entry_point.value)
+                first = seen.setdefault(entry_point.name, where)
+                # The same distribution seen twice on sys.path names the same target: that is one plugin.
+                if first[1] != where[1]:
+                    raise pluggy.PluginValidationError(
+                        entry_point.value,
+                        f"two {PROJECT_NAME!r} entry points are named {entry_point.name!r}: {first[1]} "
+                        f"(distribution {first[0]}) and {where[1]} (distribution {where[0]}); rename one",
+                    )
+                registered = self.get_plugin(entry_point.name)
+                if registered is not None and registered is not entry_point.load():
+                    raise pluggy.PluginValidationError(
+                        registered,
+                        f"entry point {entry_point.name!r} ({entry_point.value}) names a plugin that is already "
+                        "registered for a different object",
+                    )
+
     # ---------------------------------------------------------------------------------------------
     # Session lifecycle
 
-    def emit_session_created(self, session: Session) -> None:
+    @property
+    def sessions(self) -> SessionStore | None:
+        """The host's :class:`SessionStore`, or ``None`` before one is built on this host.
+
+        Plugins receive only the host, so the store is reachable from it (the coordinator and the checkpoint
+        policy find live sessions here). The store attaches itself when it is constructed; attaching a second,
+        different store raises :class:`SessionLifecycleError` (assigning ``None`` detaches).
+        """
+        return self._sessions
+
+    @sessions.setter
+    def sessions(self, store: SessionStore | None) -> None:
+        # One store per host: a second one would silently take over, and plugins would flush, repair and look up
+        # sessions in the wrong store. Detaching (None) is allowed.
+        current = self._sessions
+        if store is not None and current is not None and current is not store:
+            raise SessionLifecycleError("this host already has a SessionStore; build one store per host")
+        self._sessions = store
+
+    def session_created(self, session: Session) -> None:
         """Call ``session_created``; the first raising implementation's exception propagates (veto)."""
         self.hook.session_created(host=self, session=session)
 
-    def emit_session_event(self, session: Session, event: SessionEvent) -> None:
+    def session_event(self, session: Session, event: SessionEvent) -> None:
         """Call every ``session_event`` implementation, each isolated (see the hookspec)."""
         # Runs once per appended event: the label is built only if an implementation misbehaves.
         self._call_isolated(
@@ -188,13 +248,13 @@ class Host(pluggy.PluginManager):
             lambda: f'session "{session.id}": session/event',
         )
 
-    def emit_session_disposed(self, session: Session) -> None:
+    def session_disposed(self, session: Session) -> None:
         """Call every ``session_disposed`` implementation, each isolated."""
         self._call_isolated(
             "session_disposed", {"host": self, "session": session}, f'session "{session.id}": session/disposed'
         )
 
-    def flush_awaitables(self, session: Session) -> list[Awaitable[object]]:
+    def session_flush(self, session: Session) -> list[Awaitable[object]]:
         """Call every ``session_flush`` implementation; return one awaitable per implementation.
 
         The list is in **registration order** (pluggy calls implementations last-registered-first),
@@ -229,6 +289,10 @@ class Host(pluggy.PluginManager):
                 )
         return awaitables
 
+    def has_session_flush(self) -> bool:
+        """Whether any plugin implements ``session_flush`` (without one, a flush persists nothing)."""
+        return bool(self.hook.session_flush.get_hookimpls())
+
     # ---------------------------------------------------------------------------------------------
     # Agent boundaries
 
@@ -246,7 +310,7 @@ class Host(pluggy.PluginManager):
         """Build the (unstarted) ``tools_execute`` chain; nothing runs until awaited."""
         return self._awaitable_boundary("tools_execute", self.hook.tools_execute(host=self, execution=execution))
 
-    def agent_pre_step(self, agent: object, pre_step: PreStepInput) -> Awaitable[PreStepDecision]:
+    def agent_pre_step(self, agent: Agent, pre_step: PreStepInput) -> Awaitable[PreStepDecision]:
         """Build the (unstarted) ``agent_pre_step`` chain; nothing runs until awaited."""
         return self._awaitable_boundary(
             "agent_pre_step", self.hook.agent_pre_step(host=self, agent=agent, pre_step=pre_step)
@@ -263,7 +327,7 @@ class Host(pluggy.PluginManager):
     # ---------------------------------------------------------------------------------------------
     # Discovery and notifications
 
-    def backends(self) -> dict[str, type[object]]:
+    def dsh_session_backends(self) -> dict[str, type[object]]:
         """Merge every ``dsh_session_backends`` result into ``{NAME: class}`` (registration order).
 
         Raises ``TypeError`` for an entry that is not a class with a non-empty string ``NAME`` and
@@ -285,13 +349,28 @@ class Host(pluggy.PluginManager):
                 found[name] = cls
         return found
 
-    def notify_agent_error(self, agent: object, turn: int, step: int, error: Exception) -> None:
+    def backends_by_plugin(self) -> dict[str, list[type[object]] | Exception]:
+        """What each plugin's ``dsh_session_backends`` returns, by plugin name (an exception if it raised).
+
+        For listings (``dsh-session plugins``): unlike :meth:`dsh_session_backends` it neither merges nor
+        validates, so one broken plugin does not hide the others.
+        """
+        out: dict[str, list[type[object]] | Exception] = {}
+        for impl in reversed(self.hook.dsh_session_backends.get_hookimpls()):
+            try:
+                provided = _invoke(impl, {"host": self})
+                out[impl.plugin_name] = list(provided)  # type: ignore[call-overload]
+            except Exception as exc:
+                out[impl.plugin_name] = exc
+        return out
+
+    def agent_error(self, agent: Agent, turn: int, step: int, error: Exception) -> None:
         """Call every ``agent_error`` implementation, each isolated (a raising one is logged)."""
         self._call_isolated(
             "agent_error", {"host": self, "agent": agent, "turn": turn, "step": step, "error": error}, "agent/error"
         )
 
-    def notify_agent_status(self, agent: object, status: str) -> None:
+    def agent_status(self, agent: Agent, status: str) -> None:
         """Call every ``agent_status`` implementation, each isolated (a raising one is logged)."""
         self._call_isolated("agent_status", {"host": self, "agent": agent, "status": status}, "agent/status")
 
@@ -323,3 +402,12 @@ class Host(pluggy.PluginManager):
                     what,
                     impl.plugin_name,
                 )
+
+    # The 0.1 method names, kept while callers move to the hook names.
+    emit_session_created = session_created
+    emit_session_event = session_event
+    emit_session_disposed = session_disposed
+    flush_awaitables = session_flush
+    backends = dsh_session_backends
+    notify_agent_error = agent_error
+    notify_agent_status = agent_status

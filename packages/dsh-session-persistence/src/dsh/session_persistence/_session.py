@@ -21,6 +21,7 @@ from ._errors import (
     SessionAlreadyExistsError,
     SessionLifecycleError,
 )
+from ._event_codec import build_event, decode_event, event_to_builtins
 from ._events import (
     AssistantMessage,
     EndSeed,
@@ -31,9 +32,6 @@ from ._events import (
     SessionEvent,
     ToolResult,
     UserMessage,
-    build_event,
-    decode_event,
-    event_to_builtins,
 )
 from ._fork import SessionForkError, fork_seed
 from ._gather import gather_settled
@@ -348,16 +346,16 @@ class SessionStore:
         self._sessions[session.id] = session
         session._observer = self._on_event
         try:
-            self._host.emit_session_created(session)
+            self._host.session_created(session)
         except BaseException:
             self._sessions.pop(session.id, None)
             session._observer = None
-            self._host.emit_session_disposed(session)
+            self._host.session_disposed(session)
             raise
         return session
 
     def _on_event(self, session: Session, event: SessionEvent) -> None:
-        self._host.emit_session_event(session, event)
+        self._host.session_event(session, event)
 
     def get(self, session_id: str) -> Session | None:
         """The live session with this id, if any."""
@@ -382,7 +380,7 @@ class SessionStore:
         Returns whether any implementation ran.
         """
         self._require_live(session)
-        awaitables = self._host.flush_awaitables(session)
+        awaitables = self._host.session_flush(session)
         if not awaitables:
             return False
         errors = await gather_settled(awaitables)
@@ -396,7 +394,7 @@ class SessionStore:
         self._require_live(session)
         del self._sessions[session.id]
         session._observer = None
-        self._host.emit_session_disposed(session)
+        self._host.session_disposed(session)
 
     def fork(self, source: Session | str, boundary: int | None = None, child_id: str | None = None) -> Session:
         """Create a child session seeded with ``source``'s events up to and including ``boundary``.

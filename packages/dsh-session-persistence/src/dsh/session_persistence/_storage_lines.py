@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ._chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, pack_chunk_rows, row_member_count
+from ._event_codec import check_typed_surface, decode_event, decode_event_line, encode_event
 from ._events import (
     AssistantChunk,
     AssistantChunkData,
@@ -26,10 +27,6 @@ from ._events import (
     SessionEvent,
     TextDeltaChunk,
     ToolCallDeltaChunk,
-    check_typed_surface,
-    decode_event,
-    decode_event_line,
-    encode_event,
 )
 from ._json import MAX_SAFE_INTEGER
 

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from ._contiguity import first_seq_gap
 from ._errors import SessionPersistenceCorruptionError
-from ._events import SessionEvent, event_to_builtins
+from ._event_codec import event_to_builtins
+from ._events import SessionEvent
 from ._format import check_format_version, refuse_unknown_events
 from ._header import SessionHeader, header_from_builtins, header_to_builtins
 from ._json import is_safe_int

@@ -26,7 +26,7 @@ loaded from an entry point (which have no constructor to receive the host) use i
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import pluggy
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROJECT_NAME",
+    "Agent",
     "agent_error",
     "agent_pre_step",
     "agent_status",
@@ -56,6 +57,20 @@ PROJECT_NAME = "dsh.session"
 
 #: Marker for the specifications below. Plugins use the matching ``hookimpl`` marker instead.
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """What the agent hooks (``agent_pre_step``, ``agent_error``, ``agent_status``) receive as ``agent``.
+
+    The agent driving a turn exposes its live session, so a plugin (the checkpoint policy, say) can reach the
+    session the turn appends to. The reference :class:`~dsh.session_persistence.AgentLoop` is one.
+    """
+
+    @property
+    def session(self) -> Session:
+        """The live session this agent appends to."""
+        ...
 
 
 # -------------------------------------------------------------------------------------------------
@@ -207,7 +222,7 @@ def tools_execute(host: Host, execution: ToolExecution) -> Awaitable[ToolExecuti
 
 
 @hookspec(firstresult=True)
-def agent_pre_step(host: Host, agent: object, pre_step: PreStepInput) -> Awaitable[PreStepDecision] | None:
+def agent_pre_step(host: Host, agent: Agent, pre_step: PreStepInput) -> Awaitable[PreStepDecision] | None:
     """Return an **unstarted** awaitable of the decision taken before a step's request derivation.
 
     :param host: The calling :class:`~dsh.session_persistence.Host` (name it only if needed).
@@ -258,7 +273,7 @@ def dsh_session_backends(host: Host) -> list[type[object]]:
 
 
 @hookspec
-def agent_error(host: Host, agent: object, turn: int, step: int, error: Exception) -> None:
+def agent_error(host: Host, agent: Agent, turn: int, step: int, error: Exception) -> None:
     """The agent's driver contained an error at its boundary (reported once per failure).
 
     :param host: The calling :class:`~dsh.session_persistence.Host` (name it only if needed).
@@ -278,7 +293,7 @@ def agent_error(host: Host, agent: object, turn: int, step: int, error: Exceptio
 
 
 @hookspec
-def agent_status(host: Host, agent: object, status: str) -> None:
+def agent_status(host: Host, agent: Agent, status: str) -> None:
     """The agent's driver changed status.
 
     :param host: The calling :class:`~dsh.session_persistence.Host` (name it only if needed).

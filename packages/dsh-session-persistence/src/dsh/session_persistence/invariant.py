@@ -1,4 +1,4 @@
-"""The optional invariant companion: checks every appended event against the turn/step rules (session-core §2.2).
+"""The optional invariant companion: checks every appended event against the turn/step rules.
 
 The session core does not enforce the turn/step relations on a live append unless the store was built with
 ``check_turns=True`` (which *refuses* a bad event). This companion is the observing alternative, for tests and

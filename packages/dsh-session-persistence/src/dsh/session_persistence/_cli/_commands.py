@@ -6,13 +6,15 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from .._events import InterruptedReason, encode_event
+from .._event_codec import encode_event
+from .._events import InterruptedReason
 from .._host import Host
 from ._context import Stack
 from ._errors import EXIT_DAMAGED, EXIT_OK, CliError
 from ._examine import SessionReport, examine
 from ._io import Io
 from ._output import human_size, local_time, table, write_json
+from ._salvage import salvage_events
 from ._transcript import render_transcript, transcript_entries
 from ._walk import closer_plan, report_json, walk
 
@@ -81,9 +83,15 @@ async def cmd_show(args: argparse.Namespace, stack: Stack, io: Io) -> int:
 
 
 async def cmd_export(args: argparse.Namespace, stack: Stack, io: Io) -> int:
-    """The decoded log, one JSON event per line: exactly what ``inspect`` returns (closers included)."""
-    inspection = await stack.coordinator.inspect(args.id)
-    lines = b"".join(encode_event(event) + b"\n" for event in inspection.events)
+    """The decoded log, one JSON event per line: exactly what ``inspect`` returns (closers included).
+
+    With ``--salvage`` a damaged log yields the events before its first damage instead of an error.
+    """
+    if getattr(args, "salvage", False):
+        events = await salvage_events(stack, args.id, io)
+    else:
+        events = list((await stack.coordinator.inspect(args.id)).events)
+    lines = b"".join(encode_event(event) + b"\n" for event in events)
     buffer = getattr(io.out, "buffer", None)
     if buffer is not None:
         io.out.flush()
@@ -164,13 +172,12 @@ def plugin_rows(host: Host) -> list[dict[str, Any]]:
     """Every registered plugin with its distribution, hooks and backends."""
     dists = {id(plugin): dist for plugin, dist in host.list_plugin_distinfo()}
     backends: dict[str, list[str]] = {}
-    for impl in host.hook.dsh_session_backends.get_hookimpls():
-        try:
-            provided: Any = impl.function(*[{"host": host}[name] for name in impl.argnames])
+    for plugin_name, provided in host.backends_by_plugin().items():
+        if isinstance(provided, Exception):
+            names = [f"<error: {provided}>"]
+        else:
             names = [str(getattr(cls, "NAME", "?")) for cls in provided]
-        except Exception as exc:
-            names = [f"<error: {exc}>"]
-        backends.setdefault(impl.plugin_name, []).extend(names)
+        backends.setdefault(plugin_name, []).extend(names)
     rows = []
     for name, plugin in host.list_name_plugin():
         if plugin is None:

@@ -14,7 +14,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from .._events import SessionEvent, event_to_builtins
+from .._event_codec import event_to_builtins
+from .._events import SessionEvent
 from .._repair import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 
 __all__ = ["REPAIR_MEANINGS", "message_text", "render_transcript", "transcript_entries"]

@@ -1,4 +1,4 @@
-"""``BackendConformance``: the storage-contract and host scenarios every backend must pass (coordinator.md §7).
+"""``BackendConformance``: the storage-contract and host scenarios every backend must pass.
 
 A backend package subclasses it and overrides one fixture::
 
@@ -17,7 +17,10 @@ method a subclass may override:
   (default: skip the torn-tail tests);
 * ``plant_raw(backend, storage, events)``: store a header and events verbatim, bypassing the coordinator's
   checks (default: the backend's own ``append_batch``; override if it validates, or skip);
-* ``supports_truncate``: ``None`` (default) detects the optional ``rewrite`` primitive.
+* ``supports_truncate``: ``None`` (default) detects the optional ``rewrite`` primitive;
+* ``process_backend_factory`` (a fixture): a picklable factory building the backend over the same storage in
+  another process, for the cross-process writer cases (default ``None``: skipped);
+* ``lease_holder_names_pid``: set ``True`` when ``SessionLockedError.holder`` names the holding process.
 
 Write failures are injected by :class:`~dsh.session_persistence.testing.FaultInjectingBackend`, a wrapper that
 works for every backend. Every async test runs on asyncio and trio: the class provides its own
@@ -51,6 +54,7 @@ from .._errors import (
     SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
+from .._event_codec import event_types
 from .._events import (
     EndSeed,
     InterruptedReason,
@@ -64,13 +68,14 @@ from .._events import (
     TurnEnd,
     UserMessage,
     UserSource,
-    event_types,
 )
 from .._header import SESSION_FORMAT_VERSION, SessionHeader, header_to_builtins
 from .._host import Host
 from .._repair import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN
 from .._session import Session
+from ._conformance_writers import WriterConformance
 from ._faults import FaultInjectingBackend, InjectedFault
+from ._lifecycle_conformance import LifecycleConformance
 from ._logs import (
     WORK,
     assistant_message,
@@ -121,8 +126,13 @@ def _ids_of(headers: Sequence[Any]) -> list[str]:
     return [h.id for h in headers]
 
 
-class BackendConformance:
-    """Base class of a backend's conformance tests (not collected by itself: its name does not start with Test)."""
+class BackendConformance(WriterConformance, LifecycleConformance):
+    """Base class of a backend's conformance tests (not collected by itself: its name does not start with Test).
+
+    The one-writer, in-doubt and storage-level cases come from
+    :class:`~dsh.session_persistence.testing._conformance_writers.WriterConformance`; deletion, paged listing,
+    retention and compaction from the lifecycle mixin.
+    """
 
     pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]
 
@@ -173,7 +183,7 @@ class BackendConformance:
     # 7.A storage contract
 
     async def test_round_trip(self, conformance: ConformanceRig) -> None:
-        """§7.A 1: create + append, then load in this instance and after a restart."""
+        """Create + append, then load in this instance and after a restart."""
         async with conformance.open() as p:
             await p.persistence.create(meta("s1", WORK))
             await p.persistence.append("s1", one_turn_log())
@@ -189,7 +199,7 @@ class BackendConformance:
         assert list(reloaded.events) == one_turn_log()
 
     async def test_restart_lists_and_adopts_without_create(self, conformance: ConformanceRig) -> None:
-        """§7.A restart + §7.B 45: a new instance lists the session and appends to it without create/load."""
+        """A new instance lists the session and appends to it without create/load."""
         async with conformance.open() as p:
             await p.persistence.create(meta("restart", WORK))
             await p.persistence.append("restart", one_turn_log())
@@ -203,7 +213,7 @@ class BackendConformance:
         assert _same_headers([s.header for s in snapshots], [meta("restart", WORK)])
 
     async def test_header_fields_round_trip(self, conformance: ConformanceRig) -> None:
-        """§7.B 20: every optional header field survives list/list_snapshots/load after a restart."""
+        """Every optional header field survives list/list_snapshots/load after a restart."""
         header = meta(
             "fields", WORK, parent_session="the-parent", delegation_depth=2, agent_preset="coder", origin="subagent"
         )
@@ -216,7 +226,7 @@ class BackendConformance:
             assert _same_header((await p.persistence.load("fields")).meta, header)
 
     async def test_create_validates_created_at(self, conformance: ConformanceRig) -> None:
-        """§7.A 2: a bad createdAt is refused and reserves nothing; a valid create of the same id then works."""
+        """A bad createdAt is refused and reserves nothing; a valid create of the same id then works."""
         async with conformance.open() as p:
             for bad in (1.5, -1):
                 with pytest.raises(TypeError, match="createdAt must be a non-negative safe integer"):
@@ -226,7 +236,7 @@ class BackendConformance:
             assert (await p.persistence.load("created")).meta.created_at == 1000
 
     async def test_create_validates_inherited_cut(self, conformance: ConformanceRig) -> None:
-        """§7.A 3: seeded needs a cut, unseeded refuses a nonzero one; a seeded cut 0 round-trips."""
+        """Seeded needs a cut, unseeded refuses a nonzero one; a seeded cut 0 round-trips."""
         async with conformance.open() as p:
             with pytest.raises(TypeError, match="requires an inherited event count"):
                 await p.persistence.create(meta("seeded", is_seeded=True))
@@ -242,7 +252,7 @@ class BackendConformance:
         assert loaded.inherited_event_count == 0
 
     async def test_inherited_prefix_gate(self, conformance: ConformanceRig) -> None:
-        """§7.A 4: the first materializing batch must reach the cut; a short one leaves nothing listed."""
+        """The first materializing batch must reach the cut; a short one leaves nothing listed."""
         async with conformance.open() as p:
             await p.persistence.create(meta("gate", is_seeded=True), inherited_event_count=2)
             with pytest.raises(IncompleteInheritedPrefixError, match="before its inherited prefix is complete"):
@@ -256,7 +266,7 @@ class BackendConformance:
         assert list(loaded.events) == one_turn_log()
 
     async def test_interrupted_turn_inspect_never_writes_load_repairs(self, conformance: ConformanceRig) -> None:
-        """§7.A 5: inspect shows closers without writing; load commits them and changes the revision."""
+        """Inspect shows closers without writing; load commits them and changes the revision."""
         log = [*one_turn_log(), turn_start(6, 2), step_start(7, 2, 1)]
         async with conformance.open() as p:
             await p.persistence.create(meta("open"))
@@ -281,7 +291,7 @@ class BackendConformance:
             assert _seqs((await p.persistence.load("open")).events) == list(range(12))
 
     async def test_repair_tool_not_started(self, conformance: ConformanceRig) -> None:
-        """§7.A 6: a requested call without a durable tool/call is closed as TOOL_NOT_STARTED."""
+        """A requested call without a durable tool/call is closed as TOOL_NOT_STARTED."""
         log = [
             *one_turn_log(),
             turn_start(6, 2),
@@ -306,7 +316,7 @@ class BackendConformance:
         assert await conformance.stored_events("not-started") == list(loaded.events)
 
     async def test_repair_tool_outcome_unknown(self, conformance: ConformanceRig) -> None:
-        """§7.A 7: a call with a durable tool/call but no result is closed as TOOL_OUTCOME_UNKNOWN."""
+        """A call with a durable tool/call but no result is closed as TOOL_OUTCOME_UNKNOWN."""
         log = [
             *one_turn_log(),
             turn_start(6, 2),
@@ -333,7 +343,7 @@ class BackendConformance:
         assert len(results) == 1
 
     async def test_lazy_create_is_not_listed(self, conformance: ConformanceRig) -> None:
-        """§7.A 8 and §7.B 46: create (and an empty append) writes nothing and lists nothing."""
+        """Create (and an empty append) writes nothing and lists nothing."""
         async with conformance.open() as p:
             await p.persistence.create(meta("lazy"))
             await p.persistence.append("lazy", [])
@@ -345,7 +355,7 @@ class BackendConformance:
         assert await conformance.listed_ids() == []
 
     async def test_cancelled_scope_does_no_backend_io(self, conformance: ConformanceRig) -> None:
-        """§7.A 9: an empty store lists nothing; cancelled observations raise cancellation and touch nothing."""
+        """An empty store lists nothing; cancelled observations raise cancellation and touch nothing."""
         backend = FaultInjectingBackend(conformance.new_backend())
         async with conformance.open(backend) as p:
             assert await p.persistence.list_snapshots() == []
@@ -365,7 +375,7 @@ class BackendConformance:
             assert dict(backend.calls) == calls
 
     async def test_read_from(self, conformance: ConformanceRig) -> None:
-        """§7.A 10: detached physical suffixes; beyond the end is empty; no closers; typed argument errors."""
+        """Detached physical suffixes; beyond the end is empty; no closers; typed argument errors."""
         log = one_turn_log()
         async with conformance.open() as p:
             await p.persistence.create(meta("suffix"))
@@ -388,7 +398,7 @@ class BackendConformance:
                     await p.persistence.read_from("suffix", bad)  # type: ignore[arg-type]
 
     async def test_revisions(self, conformance: ConformanceRig) -> None:
-        """§7.A 11: a revision is stable while the log is unchanged and changes with every append."""
+        """A revision is stable while the log is unchanged and changes with every append."""
         async with conformance.open() as p:
             await p.persistence.create(meta("rev"))
             await p.persistence.append("rev", one_turn_log())
@@ -409,7 +419,7 @@ class BackendConformance:
             assert await revision() not in (r1, r2)
 
     async def test_append_seq_mismatch_leaves_storage_unchanged(self, conformance: ConformanceRig) -> None:
-        """§7.A 12: a restated or gapped batch is refused and nothing changes."""
+        """A restated or gapped batch is refused and nothing changes."""
         async with conformance.open() as p:
             await p.persistence.create(meta("mismatch"))
             await p.persistence.append("mismatch", one_turn_log())
@@ -424,7 +434,7 @@ class BackendConformance:
         assert await conformance.stored_events("mismatch") == one_turn_log() + simple_turn(6, 2)
 
     async def test_append_gap_materializes_nothing(self, conformance: ConformanceRig) -> None:
-        """§7.A 13: a first batch with a seq gap is refused and nothing is materialized."""
+        """A first batch with a seq gap is refused and nothing is materialized."""
         log = one_turn_log()
         async with conformance.open() as p:
             await p.persistence.create(meta("gap"))
@@ -434,7 +444,7 @@ class BackendConformance:
         assert await conformance.stored("gap") is None
 
     async def test_append_rejects_non_json_data(self, conformance: ConformanceRig) -> None:
-        """§7.A 14: values that are not lossless JSON are refused with TypeError; nothing is stored."""
+        """Values that are not lossless JSON are refused with TypeError; nothing is stored."""
         cyclic: dict[str, Any] = {}
         cyclic["self"] = cyclic
         bad_values: list[object] = [
@@ -461,7 +471,7 @@ class BackendConformance:
             assert await p.persistence.list() == []
 
     async def test_duplicate_create(self, conformance: ConformanceRig) -> None:
-        """§7.B 48: create twice in one instance, and create of a stored id in a new instance, are refused."""
+        """Create twice in one instance, and create of a stored id in a new instance, are refused."""
         async with conformance.open() as p:
             await p.persistence.create(meta("dup"))
             with pytest.raises(SessionAlreadyExistsError, match="already exists in this backend"):
@@ -473,7 +483,7 @@ class BackendConformance:
         assert await conformance.stored_events("dup") == one_turn_log()
 
     async def test_unknown_id_is_not_found(self, conformance: ConformanceRig) -> None:
-        """§7.B 47: load/inspect/read_from of an unknown id raise SessionNotFoundError; the backend says None."""
+        """Load/inspect/read_from of an unknown id raise SessionNotFoundError; the backend says None."""
         async with conformance.open() as p:
             for operation in (p.persistence.load, p.persistence.inspect):
                 with pytest.raises(SessionNotFoundError, match='session "ghost" not found') as info:
@@ -485,7 +495,7 @@ class BackendConformance:
             assert await backend.read_stored_revision("ghost") is None
 
     async def test_backend_returns_fresh_objects(self, conformance: ConformanceRig) -> None:
-        """§2.1: ``load_stored`` returns fresh, unshared objects (the coordinator adopts them in place)."""
+        """``load_stored`` returns fresh, unshared objects (the coordinator adopts them in place)."""
         async with conformance.open() as p:
             await p.persistence.create(meta("fresh"))
             await p.persistence.append("fresh", one_turn_log())
@@ -499,7 +509,7 @@ class BackendConformance:
             assert second.revision == await backend.read_stored_revision("fresh")
 
     async def test_loaded_events_are_immutable(self, conformance: ConformanceRig) -> None:
-        """§7.B 21-22: loaded and inspected events are frozen; a later read is unaffected by attempts."""
+        """Loaded and inspected events are frozen; a later read is unaffected by attempts."""
         async with conformance.open() as p:
             await p.persistence.create(meta("frozen"))
             await p.persistence.append("frozen", one_turn_log())
@@ -517,7 +527,7 @@ class BackendConformance:
     # Format refusal and read validation (planted data)
 
     async def test_newer_format_is_refused(self, conformance: ConformanceRig) -> None:
-        """§7.B 49: a header version above ours is refused with an upgrade hint (and the raw path if any)."""
+        """A header version above ours is refused with an upgrade hint (and the raw path if any)."""
         await conformance.plant(meta("v99", version=99), one_turn_log())
         async with conformance.open() as p:
             for read in (p.persistence.load, p.persistence.inspect):
@@ -530,7 +540,7 @@ class BackendConformance:
                     assert location.path in str(info.value)
 
     async def test_older_format_is_refused(self, conformance: ConformanceRig) -> None:
-        """§7.B 50: a header version below ours is refused: no upgrade path."""
+        """A header version below ours is refused: no upgrade path."""
         await conformance.plant(meta("v-1", version=-1), one_turn_log())
         async with conformance.open() as p:
             with pytest.raises(
@@ -540,7 +550,7 @@ class BackendConformance:
         assert "no upgrade path" in str(info.value)
 
     async def test_unknown_event_type_refused_unless_ignorable(self, conformance: ConformanceRig) -> None:
-        """§7.B 51/23: an unknown non-ignorable type is refused on read; an ignorable one is kept verbatim."""
+        """An unknown non-ignorable type is refused on read; an ignorable one is kept verbatim."""
         refused = opaque(6, "future/event", {"x": 1}, ignorable=False)
         kept = opaque(6, "plugin/test", None, ignorable=True)
         await conformance.plant(meta("future"), [*one_turn_log(), refused])
@@ -557,7 +567,7 @@ class BackendConformance:
             assert list((await p.persistence.load("ignorable")).events) == [*one_turn_log(), kept]
 
     async def test_stored_invalid_event_is_corruption(self, conformance: ConformanceRig) -> None:
-        """§7.B 23: a stored event that fails validation makes load/inspect raise corruption, cause chained."""
+        """A stored event that fails validation makes load/inspect raise corruption, cause chained."""
         # Built as a struct directly: decoding would refuse it, which is exactly what the load must do.
         wrong_role = UserMessage(
             seq=1, time=0, surface_op="append", data=Message(id="u", role="assistant", content=(), source=UserSource())
@@ -578,7 +588,7 @@ class BackendConformance:
     # 7.B live sessions through the store
 
     async def test_live_session_flush_persists(self, conformance: ConformanceRig) -> None:
-        """§7.B 15: a live session's events are durable after store.flush."""
+        """A live session's events are durable after store.flush."""
         async with conformance.open() as p:
             session = p.store.create("live", meta=meta("live", WORK))
             _append_live(session, one_turn_log())
@@ -589,7 +599,7 @@ class BackendConformance:
         assert loaded.meta.cwd == WORK
 
     async def test_write_behind_then_flush(self, conformance: ConformanceRig) -> None:
-        """§7.B 52: nothing is written while the window is open; flush writes exactly what was appended."""
+        """Nothing is written while the window is open; flush writes exactly what was appended."""
         async with conformance.open(delay_ms=NEVER_MS) as p:
             session = p.store.create("behind", meta=meta("behind"))
             _append_live(session, one_turn_log()[:3])
@@ -602,7 +612,7 @@ class BackendConformance:
         assert await conformance.stored_events("behind") == one_turn_log()
 
     async def test_load_of_live_open_turn_refused_then_disposal_drains(self, conformance: ConformanceRig) -> None:
-        """§7.B 16: load refuses a live open turn; after the turn closes and disposal, the log loads balanced."""
+        """Load refuses a live open turn; after the turn closes and disposal, the log loads balanced."""
         log = one_turn_log()
         async with conformance.open() as p:
             session = p.store.create("turning", meta=meta("turning"))
@@ -618,7 +628,7 @@ class BackendConformance:
         assert await conformance.stored_events("turning") == log
 
     async def test_live_session_without_events_is_not_found(self, conformance: ConformanceRig) -> None:
-        """§7.B 18: a live session with no events has nothing to load."""
+        """A live session with no events has nothing to load."""
         async with conformance.open() as p:
             p.store.create("empty", meta=meta("empty"))
             with pytest.raises(SessionNotFoundError):
@@ -626,7 +636,7 @@ class BackendConformance:
         assert await conformance.stored("empty") is None
 
     async def test_fork_child_keeps_its_cut(self, conformance: ConformanceRig) -> None:
-        """§7.B 19/25: a seeded live session stores seed + end-seed with its cut; reads report the cut."""
+        """A seeded live session stores seed + end-seed with its cut; reads report the cut."""
         header = meta("child", WORK, is_seeded=True, parent_session="root")
         async with conformance.open() as p:
             session = p.store.create("child", seed=one_turn_log(), meta=header, inherited_event_count=6)
@@ -649,7 +659,7 @@ class BackendConformance:
         assert (suffix.from_seq, suffix.events[0].seq, suffix.inherited_event_count) == (3, 3, 6)
 
     async def test_resume_in_a_new_instance(self, conformance: ConformanceRig) -> None:
-        """§7.B 26: load in a new process, continue the session live, and persist the continuation."""
+        """Load in a new process, continue the session live, and persist the continuation."""
         async with conformance.open() as p:
             session = p.store.create("resumed", meta=meta("resumed"))
             _append_live(session, one_turn_log())
@@ -668,14 +678,14 @@ class BackendConformance:
         assert list(final.events[7:]) == simple_turn(7, 2)
 
     async def test_close_drains_unflushed_events(self, conformance: ConformanceRig) -> None:
-        """§7.B 28: closing the coordinator writes what the window still held."""
+        """Closing the coordinator writes what the window still held."""
         async with conformance.open(delay_ms=NEVER_MS) as p:
             session = p.store.create("drained", meta=meta("drained"))
             _append_live(session, one_turn_log()[:3])
         assert await conformance.stored_events("drained") == one_turn_log()[:3]
 
     async def test_hot_reload_adopts_live_session(self, conformance: ConformanceRig) -> None:
-        """§7.B 29/30: a new coordinator on a running host adopts the live session and its unflushed suffix."""
+        """A new coordinator on a running host adopts the live session and its unflushed suffix."""
         host = Host()
         async with conformance.open(host=host) as p:
             session = p.store.create("hot", meta=meta("hot"))
@@ -687,7 +697,7 @@ class BackendConformance:
         assert await conformance.stored_events("hot") == one_turn_log() + simple_turn(6, 2)
 
     async def test_live_session_colliding_with_stored_log(self, conformance: ConformanceRig) -> None:
-        """§7.B 32: a new live session over another process's stored id fails its flush; storage untouched."""
+        """A new live session over another process's stored id fails its flush; storage untouched."""
         async with conformance.open() as p:
             await p.persistence.create(meta("collide"))
             await p.persistence.append("collide", one_turn_log())
@@ -700,7 +710,7 @@ class BackendConformance:
         assert await conformance.stored_events("collide") == one_turn_log()
 
     async def test_disposed_empty_session_id_is_reusable(self, conformance: ConformanceRig) -> None:
-        """§7.B 33: an empty session flushed and disposed leaves the id free for a new session."""
+        """An empty session flushed and disposed leaves the id free for a new session."""
         async with conformance.open() as p:
             first = p.store.create("reuse", meta=meta("reuse"))
             await p.store.flush(first)
@@ -712,7 +722,7 @@ class BackendConformance:
             assert _seqs((await p.persistence.load("reuse")).events) == [0, 1]
 
     async def test_disposal_without_flush_drains(self, conformance: ConformanceRig) -> None:
-        """§7.B 34: disposal drains eventually; a later same-id session collides with the stored log."""
+        """Disposal drains eventually; a later same-id session collides with the stored log."""
         # The successor's init keeps failing, so the coordinator's final drain reports the collision again.
         async with conformance.open(delay_ms=NEVER_MS, drain_failure=SessionIdCollisionError) as p:
             session = p.store.create("retire", meta=meta("retire"))
@@ -730,7 +740,7 @@ class BackendConformance:
     # Optional capabilities
 
     async def test_ensure_materialized(self, conformance: ConformanceRig) -> None:
-        """§7.C 96/97: an empty live session becomes durable and listed (or the capability error is clear)."""
+        """An empty live session becomes durable and listed (or the capability error is clear)."""
         async with conformance.open() as p:
             session = p.store.create("header-only", meta=meta("header-only"))
             if not callable(getattr(p.backend, "materialize_header", None)):
@@ -747,7 +757,7 @@ class BackendConformance:
         assert await conformance.listed_ids() == ["header-only"]
 
     async def test_truncate(self, conformance: ConformanceRig) -> None:
-        """§7.C 103/104: durable turn-tail deletion first, then the live cut; bounds and ownership checked."""
+        """Durable turn-tail deletion first, then the live cut; bounds and ownership checked."""
         async with conformance.open() as p:
             session = p.store.create("cut", meta=meta("cut"))
             _append_live(session, one_turn_log() + simple_turn(6, 2))
@@ -770,7 +780,7 @@ class BackendConformance:
         assert await conformance.stored_events("cut") == one_turn_log() + simple_turn(6, 2, "again")
 
     async def test_read_raw(self, conformance: ConformanceRig) -> None:
-        """§1.2 #2 / §7.C 54: raw artifacts when supported (None when absent), else the capability error."""
+        """Raw artifacts when supported (None when absent), else the capability error."""
         async with conformance.open() as p:
             await p.persistence.create(meta("raw", WORK))
             await p.persistence.append("raw", one_turn_log())
@@ -788,7 +798,7 @@ class BackendConformance:
             assert await p.persistence.read_raw("absent") is None
 
     async def test_locate_is_a_pure_hint(self, conformance: ConformanceRig) -> None:
-        """§1.2 #1: locate does no I/O and creates nothing; a location is an absolute path."""
+        """Locate does no I/O and creates nothing; a location is an absolute path."""
         async with conformance.open() as p:
             location = p.persistence.locate(meta("where", WORK))
             if location is not None:
@@ -801,7 +811,7 @@ class BackendConformance:
     # Torn tails (needs ``inject_torn_tail``)
 
     async def test_torn_tail_inspect_leaves_it_load_repairs(self, conformance: ConformanceRig) -> None:
-        """§7.B 53: inspect leaves a torn tail alone; load truncates it, closes the turn; appends continue."""
+        """Inspect leaves a torn tail alone; load truncates it, closes the turn; appends continue."""
         log = [*one_turn_log(), turn_start(6, 2), step_start(7, 2, 1)]
         async with conformance.open() as p:
             await p.persistence.create(meta("torn"))
@@ -842,7 +852,7 @@ class BackendConformance:
         assert stored.events == one_turn_log()
 
     async def test_torn_tail_hot_reload_truncates_only(self, conformance: ConformanceRig) -> None:
-        """§7.B 31: adopting a live session over a torn tail truncates it and never closes the live turn."""
+        """Adopting a live session over a torn tail truncates it and never closes the live turn."""
         host = Host()
         async with conformance.open(host=host) as p:
             session = p.store.create("torn-live", meta=meta("torn-live"))

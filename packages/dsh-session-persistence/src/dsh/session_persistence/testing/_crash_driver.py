@@ -25,7 +25,8 @@ from typing import Any
 import anyio
 
 from .._coordinator import PersistenceCoordinator
-from .._events import SessionEvent, encode_event
+from .._event_codec import encode_event
+from .._events import SessionEvent
 from .._host import Host
 from .._session import SessionStore
 from ._crash_common import SESSION_ID, load_factory

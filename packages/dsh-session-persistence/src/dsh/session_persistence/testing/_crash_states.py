@@ -8,11 +8,11 @@ a new backend over each and checks what it reads:
 * a loaded log must be the acknowledged log, or a prefix of the log in flight that still holds every
   acknowledged event (for a rewrite in flight: the old log or the new one, exactly);
 * a refusal must be ``SessionPersistenceCorruptionError``, and is acceptable only for a state with bytes a
-  crash did not simply cut short: a hole inside the unacknowledged tail (``drop-page``, ``only-page``,
-  ``zero-sectors``: a record whose later sectors never landed is indistinguishable from a damaged one) or a
-  garbage tail. Refusing a state where the unacknowledged tail is merely missing, cut, or all zeros
-  (``synced``, ``all``, ``names``, ``prefix``, ``zero-tail``) is counted in ``refused_clean``: such a session
-  must load (the tail is torn, never damage). ``refused_by_kind`` counts every refusal;
+  crash did not simply cut short: a hole inside the unacknowledged tail (``drop-page``, ``only-page``) or a
+  garbage tail. Refusing a state where the unacknowledged tail is merely missing, cut, or zeros to the end
+  (``synced``, ``all``, ``names``, ``prefix``, ``zero-tail``, ``zero-sectors``: its size reached the disk, its
+  data did not) is counted in ``refused_clean``: such a session must load (the tail is torn, never damage).
+  ``refused_by_kind`` counts every refusal;
 * anything else (another exception, events that were never written, a lost acknowledged batch) is a violation.
 
 The comparison is byte for byte on each event's wire JSON.
@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 
 from .._errors import SessionPersistenceCorruptionError
-from .._events import encode_event
+from .._event_codec import encode_event
 from ._crash_common import SESSION_ID, load_factory
 from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace
 from ._shim import build_shim, shim_environment
@@ -43,7 +43,7 @@ from ._shim import build_shim, shim_environment
 __all__ = ["CrashStateReport", "Recording", "check_crash_states", "record_session"]
 
 #: State kinds that only lose or cut unacknowledged bytes: refusing one of them is a failure to recover.
-CLEAN_KINDS = frozenset({"synced", "all", "names", "prefix", "zero-tail"})
+CLEAN_KINDS = frozenset({"synced", "all", "names", "prefix", "zero-tail", "zero-sectors"})
 #: States checked in quick mode (a seeded sample; every ``synced`` and ``all`` state is always checked).
 QUICK_SAMPLE = 400
 

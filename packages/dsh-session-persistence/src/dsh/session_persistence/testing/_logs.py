@@ -1,6 +1,6 @@
 """Small builders for the session logs the conformance kit writes (coordinator.md §7 fixtures).
 
-Every builder goes through :func:`~dsh.session_persistence._events.decode_event`, so the events are exactly
+Every builder goes through :func:`~dsh.session_persistence.backend.decode_event`, so the events are exactly
 what a live session would produce; only :func:`raw_event` builds an event without validation (for planting
 data that a reader must refuse).
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._events import OpaqueEvent, SessionEvent, decode_event
+from .._event_codec import decode_event
+from .._events import OpaqueEvent, SessionEvent
 from .._header import SESSION_FORMAT_VERSION, SessionHeader
 
 __all__ = [
