@@ -21,6 +21,7 @@ import anyio
 from dsh.session_persistence import Host, PersistenceCoordinator, Session, SessionStore, hookimpl
 from dsh.session_persistence.backend import event_to_builtins
 from dsh.session_persistence.events import SessionEvent
+from dsh.session_persistence.loop import TurnResult
 
 POLICY_PLUGIN = "session-checkpoint-policy"
 LONG_WINDOW_MS = 600_000
@@ -113,8 +114,9 @@ def types(events: Any) -> list[str]:
     return [e.type for e in events]
 
 
-def data(event: SessionEvent) -> Any:
-    return event_to_builtins(event)["data"]
+def data(event: SessionEvent | TurnResult) -> Any:
+    """The JSON payload of an event (of a turn result: of its ``turn/end`` event)."""
+    return event_to_builtins(event.event if isinstance(event, TurnResult) else event)["data"]
 
 
 def of_type(events: Any, event_type: str) -> list[SessionEvent]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from dsh.session_persistence.backend import SessionBackend
@@ -22,11 +24,16 @@ def compression(request: pytest.FixtureRequest) -> str:
 
 
 class TestJsonlConformance(BackendConformance):
+    lease_holder_names_pid: ClassVar[bool] = True
     lifecycle_required = True
 
     @pytest.fixture
     def backend_factory(self, tmp_path: Path, compression: str) -> object:
         return lambda: JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+
+    @pytest.fixture
+    def process_backend_factory(self, tmp_path: Path, compression: str) -> object:
+        return functools.partial(JsonlBackend, tmp_path / "root", compression=compression)
 
     @pytest.fixture
     def other_backend_factory(self, tmp_path: Path, compression: str) -> object:

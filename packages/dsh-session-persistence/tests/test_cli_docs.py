@@ -20,6 +20,7 @@ from dsh.session_persistence.testing import BackendConformance, BackendFactory, 
 REPO = Path(__file__).resolve().parents[3]
 README = REPO / "README.md"
 GUIDE = REPO / "docs" / "backend-guide.md"
+ADAPTERS = REPO / "docs" / "model-adapters.md"
 
 
 def python_block(path: Path, after: str | None = None) -> str:
@@ -42,9 +43,56 @@ def load_example_backend() -> types.ModuleType:
     return sys.modules[name]
 
 
+def test_readme_front_door_example_persists_restarts_and_resumes(tmp_path: Path) -> None:
+    block = python_block(README, "<!-- example: front-door -->")
+    assert len([line for line in block.splitlines() if line.strip()]) <= 15  # the promised size
+    script = tmp_path / "example.py"
+    script.write_text(block, encoding="utf-8")
+    root = tmp_path / "sessions"
+    outputs = []
+    for _ in range(2):  # two processes: the second one resumes what the first stored
+        result = subprocess.run(
+            [sys.executable, str(script), str(root), "What is 2 + 3?"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout.strip())
+    assert outputs == ["turn 1: completed: 5", "turn 2: completed: 5"]
+    shown = subprocess.run(
+        [sys.executable, "-m", "dsh.session_persistence._cli", "--root", str(root), "show", "readme"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "turn 2 ended: completed" in shown.stdout
+
+
+def test_adapter_guide_example_runs(tmp_path: Path) -> None:
+    block = python_block(ADAPTERS, "<!-- example: adapter -->")
+    assert "session_persistence._" not in block  # public imports only
+    script = tmp_path / "adapter_example.py"
+    script.write_text(block, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "root")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["completed The answer is 42. [4]", "error BAD_REQUEST", "open streams: 0"]
+
+
 def test_readme_composition_example_runs(tmp_path: Path) -> None:
     script = tmp_path / "readme_example.py"
-    script.write_text(python_block(README), encoding="utf-8")
+    script.write_text(python_block(README, "## Composing it yourself"), encoding="utf-8")
     result = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
     )

@@ -29,6 +29,7 @@ from dsh.session_persistence.backend import (
     SessionListing,
     SessionLocation,
     SessionNotFoundError,
+    SessionPersistenceCorruptionError,
     SessionPersistenceError,
     SessionSnapshot,
     SessionStorageError,
@@ -73,6 +74,7 @@ from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, l
 from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
 from ._salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
+from ._seq_guard import NextSeqCache, check_continues
 from ._upgrade import current_header, declared_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
@@ -147,6 +149,8 @@ class JsonlBackend:
         self._preflight_done = False
         # Transcripts this instance knows to be declared (v1): written, upgraded or read as such.
         self._declared: set[str] = set()
+        # The next seq of each transcript as this instance last saw it, so an append at a wrong seq is refused.
+        self._next_seqs = NextSeqCache()
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -265,6 +269,9 @@ class JsonlBackend:
         if result is None:
             return None
         log, revision = result
+        if log.torn is None:
+            dev, ino, size = (int(part) for part in revision.split(":")[:3])
+            self._next_seqs.remember(self._path_for(log.header), (dev, ino, size), len(log.events))
         return StoredPrefix(
             meta=log.header,
             inherited_event_count=log.inherited_event_count,
@@ -416,6 +423,7 @@ class JsonlBackend:
 
     def _materialize_sync(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         header = storage.meta
+        check_continues(header.id, 0, events)
         # Encode everything before touching the disk: an encoding error must leave no trace.
         data = self._encode_header(storage) + (self._encode_batch(events) if events else b"")
         self._ensure_preflight()
@@ -433,6 +441,20 @@ class JsonlBackend:
         except FileExistsError as exc:
             raise _exists_error(refusal, path) from exc
         self._declared.add(path)
+        self._next_seqs.remember(path, os.stat(path), len(events))
+
+    def _next_seq_sync(self, path: str, session_id: str) -> tuple[int, os.stat_result]:
+        """The next seq of the transcript at ``path`` (remembered, or decoded once) and its current stat."""
+        st = os.stat(path)
+        known = self._next_seqs.lookup(path, st)
+        if known is not None:
+            return known, st
+        data, _revision = stable_read(path)
+        log = self._decode(data, path)
+        if log.torn is not None:
+            # Appending after a torn fragment would bury it mid-log; the coordinator repairs before appending.
+            raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail ("{path}")')
+        return len(log.events), os.stat(path)
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
@@ -494,8 +516,14 @@ class JsonlBackend:
 
         def work() -> None:
             if self._is_declared_file(path, storage.meta):
-                append_durable(path, self._encode_batch(batch))
+                next_seq, st = self._next_seq_sync(path, storage.meta.id)
+                check_continues(storage.meta.id, next_seq, batch)
+                data = self._encode_batch(batch)
+                self._next_seqs.forget(path)
+                append_durable(path, data)
+                self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
             else:
+                self._next_seqs.forget(path)
                 self._upgrade_sync(storage, path, batch, None)
 
         await self._run_shielded(work, "appending to the session log")
@@ -515,6 +543,7 @@ class JsonlBackend:
         batch = [*(marker.recovered_events if marker is not None else ()), *closers]
 
         def work() -> None:
+            self._next_seqs.forget(path)
             if not self._is_declared_file(path, storage.meta):
                 self._upgrade_sync(storage, path, batch, marker)
                 return
@@ -536,6 +565,7 @@ class JsonlBackend:
                 os.lstat(path)
             except FileNotFoundError:
                 raise SessionNotFoundError(storage.meta.id) from None
+            self._next_seqs.forget(path)
             replace_durable(path, data)
             self._declared.add(path)
 

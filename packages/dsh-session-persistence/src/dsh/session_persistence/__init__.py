@@ -4,7 +4,9 @@ This is the face for a person composing an agent: the validating plugin :class:`
 :class:`SessionStore` and its :class:`Session` logs, the :class:`PersistenceCoordinator` that makes them durable
 (write-behind batching, a flush barrier, per-session serialization, crash repair) over a backend such as the
 in-memory :class:`MemoryBackend`, the reference :class:`AgentLoop` with the types its hooks exchange, and the
-errors. Plugin authors import :data:`hookimpl` from here::
+errors. The front door :func:`open_sessions` composes all of it in one line (``async with open_sessions(root) as
+sessions:``) and :class:`Sessions` creates, resumes and forks agents on it. Plugin authors import
+:data:`hookimpl` from here::
 
     from dsh.session_persistence import hookimpl
 
@@ -64,6 +66,7 @@ from ._errors import (
     UnsupportedOperationError,
 )
 from ._fork import SessionForkError
+from ._front_door import BackendNotFoundError, Sessions, open_sessions
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError
 from ._lifecycle import CompactResult, PruneReport
@@ -77,6 +80,7 @@ from .loop import AgentLoop, LlmError, ModelAdapter, Tool, ToolOutput
 __all__ = [
     "Agent",
     "AgentLoop",
+    "BackendNotFoundError",
     "CancelSignal",
     "CompactResult",
     "Deferred",
@@ -119,6 +123,7 @@ __all__ = [
     "SessionStorageError",
     "SessionStore",
     "SessionWriteInDoubtError",
+    "Sessions",
     "Tool",
     "ToolExecution",
     "ToolExecutionResult",
@@ -131,4 +136,5 @@ __all__ = [
     "aborted_result",
     "error_result",
     "hookimpl",
+    "open_sessions",
 ]

@@ -205,7 +205,8 @@ class ModelRequest:
     :param messages: The model-visible messages (``Session.derive_messages()``).
     :param config: The call config (provider, model and options from the request header).
     :param system: The system prompt, if any.
-    :param tools: The tool schemas offered to the model.
+    :param tools: The tools offered to the model, one mapping each: ``{"name": str, "description": str,
+        "parameters": <JSON schema of the arguments object>}``, in the order the loop was given them.
     :param signal: The turn's cooperative cancellation signal.
     """
 

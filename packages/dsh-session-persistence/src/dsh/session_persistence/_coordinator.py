@@ -265,6 +265,12 @@ class PersistenceCoordinator:
         except Exception:
             _logger.exception("session persistence background task failed")
 
+    async def _take_writer_lease(self, meta: SessionHeader) -> None:
+        """Hold ``meta.id``'s writer lease until this coordinator closes (the CLI's ``repair`` is a writer even
+        when nothing needs repair). Raises ``SessionLockedError`` while another writer holds it."""
+        core = self._core
+        await core.chains.run(meta.id, lambda: core.leases.acquire(meta))
+
     async def _cold_commit(self, session_id: str) -> SessionInspection:
         """The cold load's serialized core (exposed for tests that drive it directly)."""
         return await cold_commit(self._core, session_id)
@@ -459,6 +465,22 @@ class PersistenceCoordinator:
         self._require_open()
         await self._livepath.flush(session)
 
+    async def wait_ready(self, session: Session) -> None:
+        """Wait until this live session is bound to its stored state; raise what binding raised.
+
+        Writes nothing and is not a flush. A new session whose id is already stored raises
+        ``SessionIdCollisionError`` here, and one whose writer lease another writer holds ``SessionLockedError``,
+        before anything of it is appended.
+        """
+        self._require_open()
+        live = self._livepath.live.get(session)
+        if live is None:
+            store = self._host.sessions
+            if store is None or not store.is_live(session):
+                raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
+            live = self._livepath.ensure_live(session)
+        await live.init.wait()
+
     # ------------------------------------------------------------------------------------------------------------
     # Lifecycle: paged listing, deletion, retention, compaction (implemented in _lifecycle)
 
@@ -504,3 +526,12 @@ class PersistenceCoordinator:
         return await _lifecycle.prune(
             self, older_than=older_than, keep_last=keep_last, dry_run=dry_run, now=now, progress=progress
         )
+
+
+def coordinators_of(host: Host) -> builtins.list[PersistenceCoordinator]:
+    """The open coordinators registered in ``host`` (in registration order)."""
+    return [
+        p._owner
+        for p in host.get_plugins()
+        if isinstance(p, _Hooks) and p._owner._livepath.running and not p._owner._closed
+    ]

@@ -34,6 +34,7 @@ __all__ = [
     "EpochHeader",
     "ErrorReason",
     "FinishChunk",
+    "FINISH_KINDS",
     "FinishReason",
     "HookAbort",
     "ImageBlock",
@@ -182,9 +183,20 @@ class LlmFailure(_Value, frozen=True):
 # Stream chunks
 
 
+#: How a model stream may finish: ``FinishReason.kind``.
+FINISH_KINDS = ("stop", "tool-calls", "max-tokens", "error", "aborted")
+
+
 class FinishReason(_Value, frozen=True):
-    kind: str  # "stop" | "tool-calls" | "max-tokens" | "error" | "aborted"
+    """How a model stream finished: ``kind`` is one of :data:`FINISH_KINDS`; ``error`` for ``error``/``aborted``."""
+
+    kind: str
     error: LlmFailure | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        # Runs on construction and on decode (msgspec reports the ValueError as a validation error).
+        if self.kind not in FINISH_KINDS:
+            raise ValueError(f"finish kind must be one of {', '.join(FINISH_KINDS)}; got {self.kind!r}")
 
 
 class BlockStartChunk(_Value, tag_field="type", tag="block-start", frozen=True):

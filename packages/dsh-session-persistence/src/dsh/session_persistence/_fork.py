@@ -1,7 +1,8 @@
-"""Fork boundaries: which prefix of a live session a child may inherit (session-core §5.4)."""
+"""Fork boundaries: which prefix of a session a child may inherit, by event seq or by turn number."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ._events import SessionEvent, TurnEnd, TurnStart
@@ -10,7 +11,7 @@ from ._json import is_safe_int
 if TYPE_CHECKING:
     from ._session import Session
 
-__all__ = ["SessionForkError", "fork_seed"]
+__all__ = ["SessionForkError", "fork_seed", "turn_boundary"]
 
 
 class SessionForkError(ValueError):
@@ -55,3 +56,15 @@ def fork_seed(source: Session, boundary: int | None) -> list[SessionEvent]:
                 "OPEN_TURN",
             )
     return list(events[: boundary + 1])
+
+
+def turn_boundary(session_id: str, events: Sequence[SessionEvent], turn: int) -> int:
+    """The seq of the ``turn/end`` that closes turn ``turn`` (a fork "after turn N" inherits up to it)."""
+    if not is_safe_int(turn) or isinstance(turn, bool) or turn < 1:
+        raise SessionForkError(f"fork turn must be a positive integer, got {turn!r}", "INVALID_BOUNDARY")
+    for event in reversed(events):
+        if type(event) is TurnEnd and event.data.turn == turn:
+            return event.seq
+    ended = [event.data.turn for event in events if type(event) is TurnEnd]
+    last = f"last ended turn: {ended[-1]}" if ended else "no turn has ended"
+    raise SessionForkError(f'turn {turn} of session "{session_id}" has not ended ({last})', "INVALID_BOUNDARY")

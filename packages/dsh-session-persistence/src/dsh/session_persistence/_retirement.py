@@ -14,7 +14,7 @@ import logging
 import anyio
 
 from ._coordinator_state import CoordinatorCore, Outcome
-from ._live_path import LivePath, Spawn
+from ._live_path import Live, LivePath, Spawn
 from ._session import Session
 
 __all__ = ["Retirement"]
@@ -67,7 +67,14 @@ class Retirement:
         A failed final flush keeps the Session's controller, so the teardown drain tries once more.
         """
         core = self.core
-        await self.live.flush(session)
+        entry = self.live.live.get(session)
+        try:
+            await self.live.flush(session)
+        except Exception as exc:
+            if not _never_bound(entry, exc):
+                raise
+            # It never bound to storage (an id collision, a held lease; its owner saw that error) and nothing was
+            # appended to it: nothing is lost, so it is dropped like a retired Session instead of failing teardown.
         session_id = session.id
 
         async def drop() -> None:
@@ -85,10 +92,14 @@ class Retirement:
         results: dict[int, Exception] = {}
 
         async def flush_one(index: int, session: Session) -> None:
+            entry = self.live.live.get(session)  # before the flush: a concurrent retirement may drop it
             try:
                 await self.live.flush(session)
             except Exception as exc:
-                results[index] = exc
+                store = self.core.host.sessions
+                disposed = store is None or not store.is_live(session)
+                if not (disposed and _never_bound(entry, exc)):
+                    results[index] = exc
 
         sessions = list(self.live.live)
         if sessions:
@@ -103,3 +114,8 @@ class Retirement:
                 await next(iter(retirements.values())).done.wait()
             else:
                 await self.core.chains.wait_idle_step()
+
+
+def _never_bound(entry: Live | None, exc: Exception) -> bool:
+    """Whether ``exc`` is the Session's own failed initialization and no event of it is waiting to be written."""
+    return entry is not None and entry.init.error is exc and not entry.writes.has_work

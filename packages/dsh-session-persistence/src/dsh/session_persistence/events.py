@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ._events import (
     EVENT_TYPES,
+    FINISH_KINDS,
     SURFACE_EVENT_TYPES,
     AbortCause,
     AbortedReason,
@@ -104,6 +105,7 @@ __all__ = [
     "ContentBlock",
     "DisposedAbort",
     "EVENT_TYPES",
+    "FINISH_KINDS",
     "EndSeed",
     "EndSeedData",
     "EpochHeader",

@@ -26,7 +26,6 @@ import anyio
 import anyio.to_thread
 
 from .._coordinator import PersistenceCoordinator
-from .._event_codec import event_to_builtins
 from .._session import SessionStore
 from ..loop import AgentLoop
 from ._context import Stack, load_host, select_backend
@@ -235,7 +234,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
                 "work": work,
                 "child": {"pid": pid, "returncode": returncode, "signal": "SIGKILL"},
                 "charges": len(_ledger(work)),
-                "resumedTurnEnd": event_to_builtins(end)["data"]["reason"]["kind"],
+                "resumedTurnEnd": end.reason.kind,
                 "events": after.stored_events,
                 "repairs": repairs,
                 "entries": entries,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,9 +168,19 @@ class ScriptedAdapter:
     ``responses`` may be any iterable (also an endless generator). ``requests`` records every request received (in
     dispatch order, i.e. once the stream body starts). ``chunk_delay`` sleeps that many seconds before each chunk
     (useful for random-kill tests). An exhausted script raises :class:`ScriptAdapterError` inside the stream.
+    ``provider`` and ``model`` are the names an :class:`AgentLoop` records when it is given none.
     """
 
-    def __init__(self, responses: Iterable[ScriptedResponse], *, chunk_delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        responses: Iterable[ScriptedResponse],
+        *,
+        chunk_delay: float = 0.0,
+        provider: str = "scripted",
+        model: str = "scripted",
+    ) -> None:
+        self.provider = provider
+        self.model = model
         self._responses: Iterator[ScriptedResponse] = iter(responses)
         self.chunk_delay = chunk_delay
         self.requests: list[ModelRequest] = []
@@ -216,6 +226,8 @@ class ScriptedTool:
     """A tool that records its calls and returns ``output`` (text, a result, or a callable computing either).
 
     :param name: The tool name.
+    :param description: What the tool does, for the model.
+    :param parameters: The JSON schema of its arguments (``None``: any object).
     :param output: Text / :class:`ToolExecutionResult`, or ``callable(arguments, call_id)`` returning one.
     :param parallel: Whether calls may overlap.
     :param side_effect: ``callable(arguments, call_id)`` (sync or async) run first: the visible side effect.
@@ -226,6 +238,8 @@ class ScriptedTool:
 
     name: str
     output: Any = "ok"
+    description: str = ""
+    parameters: Mapping[str, Any] | None = None
     parallel: bool = False
     side_effect: Callable[[Any, str], object] | None = None
     gate: anyio.Event | None = None
