@@ -68,6 +68,7 @@ from ._fs import (
     stable_read,
     truncate_durable,
 )
+from ._held_append import HeldAppender
 from ._layout import Compression, project_dir_name, session_segment, transcript_path
 from ._lease import JsonlWriterLease, acquire_lease
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
@@ -151,6 +152,8 @@ class JsonlBackend:
         self._declared: set[str] = set()
         # The next seq of each transcript as this instance last saw it, so an append at a wrong seq is refused.
         self._next_seqs = NextSeqCache()
+        # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
+        self._appenders: dict[str, HeldAppender] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -520,7 +523,11 @@ class JsonlBackend:
                 check_continues(storage.meta.id, next_seq, batch)
                 data = self._encode_batch(batch)
                 self._next_seqs.forget(path)
-                append_durable(path, data)
+                appender = self._appenders.get(path)
+                if appender is None:
+                    append_durable(path, data)
+                else:
+                    appender.append(path, st, data)
                 self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
             else:
                 self._next_seqs.forget(path)
@@ -684,14 +691,29 @@ class JsonlBackend:
         Refused at once with ``SessionLockedError`` (naming the holder's pid and host) while another process, or
         another backend instance in this one, holds it; the kernel releases it when its holder dies.
         """
-        session_dir = os.path.dirname(self._path_for(meta))
-        return await self._run_shielded(
+        path = self._path_for(meta)
+        session_dir = os.path.dirname(path)
+        lease = await self._run_shielded(
             lambda: acquire_lease(self.root, session_dir, meta.id), "taking the writer lease"
         )
+        # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
+        appender = HeldAppender()
+        self._appenders[path] = appender
+
+        def forget() -> None:
+            appender.close()
+            if self._appenders.get(path) is appender:
+                del self._appenders[path]
+
+        lease.on_release(forget)
+        return lease
 
     async def aclose(self) -> None:
-        """Nothing to release: no descriptor outlives a primitive call (writer leases are released by their
-        holder, the coordinator)."""
+        """Close any kept append descriptor (normally closed already: each goes with its writer lease, which its
+        holder, the coordinator, releases)."""
+        for appender in list(self._appenders.values()):
+            appender.close()
+        self._appenders.clear()
 
 
 def _exists_error(message: str, path: str) -> SessionLogExistsError:
