@@ -81,7 +81,7 @@ async def test_one_descriptor_while_leased_none_after_release(tmp_path: Path, co
 
 
 async def test_a_replaced_transcript_gets_the_append(leased: tuple[JsonlBackend, Path]) -> None:
-    backend, path = leased
+    backend, _path = leased
     batches = turn_batches(3)
     await backend.append_batch(ST, batches[1], True)  # the descriptor is open on the current file now
     await backend.rewrite(ST, batches[0])  # a new inode at the path
