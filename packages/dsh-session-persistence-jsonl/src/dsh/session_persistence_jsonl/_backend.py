@@ -12,7 +12,7 @@ import builtins
 import errno
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import ClassVar, TypeVar
 
 import anyio
@@ -76,6 +76,7 @@ from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header
 from ._salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 from ._seq_guard import NextSeqCache, check_continues
+from ._stream import DeclaredStream, open_stream
 from ._upgrade import current_header, declared_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
@@ -322,6 +323,46 @@ class JsonlBackend:
         if from_seq < 0:
             raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
         return await self._run(lambda: self._read_suffix(session_id, from_seq), "reading the session log")
+
+    async def iter_stored(self, session_id: str, from_seq: int) -> AsyncIterator[StoredSuffix]:
+        """Stream the events with ``seq >= from_seq``: a v1 log is walked by its declarations, one bounded run
+        (about 4,096 events) per worker-thread call, reading only the batches from ``from_seq`` on; a v0 log is
+        read whole (its frames declare nothing to seek by). The log is read as it was when the stream opened."""
+        if from_seq < 0:
+            raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
+
+        def start() -> DeclaredStream | StoredSuffix:
+            path = self._find(session_id)
+            if path is None:
+                raise SessionNotFoundError(session_id)
+            try:
+                stream = open_stream(path, self.compression, self.max_batch_bytes, from_seq, _checkpoint)
+            except FileNotFoundError:
+                raise SessionNotFoundError(session_id) from None
+            if stream is None:
+                suffix = self._read_suffix(session_id, from_seq)
+                if suffix is None:
+                    raise SessionNotFoundError(session_id)
+                return suffix
+            try:
+                check_identity(self.root, self.compression, path, stream.header, session_id)
+            except BaseException:
+                stream.close()
+                raise
+            return stream
+
+        opened = await self._run(start, "reading the session log")
+        if isinstance(opened, StoredSuffix):
+            yield opened
+            return
+        stream = opened
+        try:
+            meta, cut = stream.header, stream.inherited_event_count
+            yield StoredSuffix(meta, cut, [])
+            while (run := await self._run(stream.next_run, "reading the session log")) is not None:
+                yield StoredSuffix(meta, cut, run)
+        finally:
+            stream.close()
 
     async def read_stored_revision(self, session_id: str) -> str | None:
         """The transcript's current stat revision, ``None`` if absent (also when it vanishes after lookup)."""
