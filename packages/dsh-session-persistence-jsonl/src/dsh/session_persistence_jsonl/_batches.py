@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import zstandard
@@ -68,6 +68,7 @@ __all__ = [
     "encode_declared_batch",
     "encode_declared_header",
     "is_declared",
+    "open_declared",
     "walk_declared",
 ]
 
@@ -354,14 +355,60 @@ def walk_declared(
     header and of every batch read. Damage raises ``SessionPersistenceCorruptionError`` (:class:`BatchDamage`,
     naming the damaged batch, past the header).
     """
-    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor())
-    header, cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), refuse_versions, plaintexts)
-    log = DecodedLog(header, cut, [], None, src.size, pos)
+    log, batches = open_declared(
+        src,
+        compression,
+        path,
+        cap,
+        from_seq=from_seq,
+        plaintexts=plaintexts,
+        refuse_versions=refuse_versions,
+        checkpoint=checkpoint,
+    )
     if header_only:
         return log
     events = log.events
-    recovered: list[SessionEvent] = []
+    for batch in batches:
+        events.extend(batch)
+    return log
+
+
+def open_declared(
+    src: Source,
+    compression: Compression,
+    path: str,
+    cap: int,
+    *,
+    from_seq: int = 0,
+    plaintexts: list[bytes] | None = None,
+    refuse_versions: bool = True,
+    checkpoint: Checkpoint | None = None,
+) -> tuple[DecodedLog, Iterator[list[SessionEvent]]]:
+    """The header (read now, into a log with no events) and an iterator over the batches, one list each.
+
+    The iterator yields the events of every batch that reaches ``from_seq`` (whole batches: the first may start
+    before it), reading nothing else, so a caller can consume a log of any length in the memory of one batch. When
+    it is exhausted the log's ``committed_end`` and ``torn`` marker are set; damage raises as for
+    :func:`walk_declared`.
+    """
+    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor())
+    header, cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), refuse_versions, plaintexts)
+    log = DecodedLog(header, cut, [], None, src.size, pos)
+    return log, _batches(src, walk, log, pos, from_seq, plaintexts, checkpoint)
+
+
+def _batches(
+    src: Source,
+    walk: _Walk,
+    log: DecodedLog,
+    pos: int,
+    from_seq: int,
+    plaintexts: list[bytes] | None,
+    checkpoint: Checkpoint | None,
+) -> Iterator[list[SessionEvent]]:
+    compression = walk.compression
     expected = 0
+    recovered: list[SessionEvent] = []
     while pos < src.size:
         if checkpoint is not None:
             checkpoint()
@@ -373,6 +420,7 @@ def walk_declared(
             damage = walk.damage(f"batch declaration at byte {pos}: {exc}")
             raise BatchDamage(str(damage), pos, None, None) from exc
         end = data_start + decl.length
+        batch: list[SessionEvent] | None = None
         try:
             _check_declaration(walk, decl, pos, expected)
             if end > src.size:
@@ -383,14 +431,13 @@ def walk_declared(
                 if data_crc(data) != decl.crc:
                     torn_events = _zero_filled_end(src, walk, data, decl, pos, data_start, end)
                     if torn_events is not None:
-                        events.extend(torn_events)
                         recovered = torn_events
                         break  # the size of a write that never completed reached the disk, its data did not
                     raise walk.damage(
                         f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
                     )
                 plaintext = walk.plaintext(data, data_start)
-                events.extend(walk.events(plaintext, decl, pos))
+                batch = walk.events(plaintext, decl, pos)
                 if plaintexts is not None:
                     plaintexts.append(plaintext)
         except BatchDamage:
@@ -400,6 +447,10 @@ def walk_declared(
             raise BatchDamage(str(exc), pos, verified, end if verified else None) from exc
         pos = end
         log.committed_end = pos
+        if batch is not None:
+            yield batch
     if pos < src.size:
         log.torn = TornTail(truncate_to=log.committed_end, recovered_events=recovered, expected_size=src.size)
-    return log
+    if recovered:
+        # The torn write's decodable events: part of what load returns (repair appends them again), never committed.
+        yield recovered
