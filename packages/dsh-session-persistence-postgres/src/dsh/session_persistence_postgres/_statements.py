@@ -135,6 +135,6 @@ def list_page_query(
         "SELECT id, header::text, revision, updated_at FROM {sessions} WHERE {where} ORDER BY {key} DESC, id"
     ).format(sessions=t.sessions, where=sql.SQL(" AND ").join(where), key=key)
     if limit is not None:
-        query = sql.SQL("{} LIMIT %(limit)s").format(query)
-        params["limit"] = limit
+        # A literal, not a parameter: with the limit known the planner walks the index and stops early.
+        query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(int(limit)))
     return query, params
