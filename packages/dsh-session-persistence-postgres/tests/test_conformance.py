@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 import anyio
@@ -19,12 +20,21 @@ class TestPostgresConformance(BackendConformance):
 
     lifecycle_required = True
 
+    lease_holder_names_pid = True
+
     @pytest.fixture
-    def backend_factory(self, postgres_dsn: str) -> BackendFactory:
+    def conf_schema(self) -> str:
+        return f"conf_{uuid.uuid4().hex[:16]}"
+
+    @pytest.fixture
+    def backend_factory(self, postgres_dsn: str, conf_schema: str) -> BackendFactory:
         # With the advisory writer lease: the kit checks one-writer exclusion, which the default no-op lease
         # leaves to the compare-and-set (test_lease.py and every other test cover the default).
-        schema = f"conf_{uuid.uuid4().hex[:16]}"
-        return lambda: PostgresBackend(postgres_dsn, schema=schema, writer_lease=True)
+        return functools.partial(PostgresBackend, postgres_dsn, schema=conf_schema, writer_lease=True)
+
+    @pytest.fixture
+    def process_backend_factory(self, postgres_dsn: str, conf_schema: str) -> BackendFactory | None:
+        return functools.partial(PostgresBackend, postgres_dsn, schema=conf_schema, writer_lease=True)
 
     @pytest.fixture
     def other_backend_factory(self, postgres_dsn: str) -> BackendFactory | None:
