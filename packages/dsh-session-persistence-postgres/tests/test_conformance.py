@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 
+import anyio
+import anyio.to_thread
+import psycopg
+import psycopg.sql
 import pytest
 from dsh.session_persistence.backend import SessionBackend, SessionPersistenceError
 from dsh.session_persistence.testing import WORK, BackendConformance, BackendFactory, ConformanceRig, meta
@@ -11,21 +16,51 @@ from dsh.session_persistence_postgres import PostgresBackend
 
 
 class TestPostgresConformance(BackendConformance):
-    """Every storage-contract, host, fault, race and property scenario of the kit; each test its own schema.
+    """Every storage-contract, host, fault, race and property scenario of the kit; each test its own schema."""
 
-    Run with ``writer_lease=True``: the kit's one-writer cases need a lease that excludes (the default lease is a
-    no-op, and a second writer is refused by the compare-and-set at its first write instead; the storage-level
-    cases prove that part).
-    """
+    lifecycle_required = True
 
-    # The default PostgresBackend lease is a no-op (its compare-and-set on next_seq refuses a stale writer);
-    # writer_lease=True takes an advisory lock (tested in this package's own lease tests).
-    writer_lease_excludes = False
+    lease_holder_names_pid = True
 
     @pytest.fixture
-    def backend_factory(self, postgres_dsn: str) -> BackendFactory:
-        schema = f"conf_{uuid.uuid4().hex[:16]}"
+    def conf_schema(self) -> str:
+        return f"conf_{uuid.uuid4().hex[:16]}"
+
+    @pytest.fixture
+    def backend_factory(self, postgres_dsn: str, conf_schema: str) -> BackendFactory:
+        # With the advisory writer lease: the kit checks one-writer exclusion, which the default no-op lease
+        # leaves to the compare-and-set (test_lease.py and every other test cover the default).
+        return functools.partial(PostgresBackend, postgres_dsn, schema=conf_schema, writer_lease=True)
+
+    @pytest.fixture
+    def process_backend_factory(self, postgres_dsn: str, conf_schema: str) -> BackendFactory | None:
+        return functools.partial(PostgresBackend, postgres_dsn, schema=conf_schema, writer_lease=True)
+
+    @pytest.fixture
+    def other_backend_factory(self, postgres_dsn: str) -> BackendFactory | None:
+        schema = f"other_{uuid.uuid4().hex[:16]}"
         return lambda: PostgresBackend(postgres_dsn, schema=schema, writer_lease=True)
+
+    async def set_activity(self, backend: SessionBackend, session_id: str, updated_at_ms: int) -> None:
+        """The activity time is the row's ``updated_at`` (ms): set it directly."""
+        assert isinstance(backend, PostgresBackend)
+        schema = backend._tables.schema_name
+        dsn = self._dsn
+
+        def update() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    psycopg.sql.SQL("UPDATE {} SET updated_at = %s WHERE id = %s").format(
+                        psycopg.sql.Identifier(schema, "dsh_sessions")
+                    ),
+                    (updated_at_ms, session_id),
+                )
+
+        await anyio.to_thread.run_sync(update)
+
+    @pytest.fixture(autouse=True)
+    def _remember_dsn(self, postgres_dsn: str) -> None:
+        self._dsn = postgres_dsn
 
     async def test_same_id_header_materialization_race(self, conformance: ConformanceRig) -> None:
         """The kit's scenario with both live sessions' initialization settled before the first materializes.

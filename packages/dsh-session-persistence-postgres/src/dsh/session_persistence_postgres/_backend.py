@@ -20,14 +20,18 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec
 from ._connections import Connections
 from ._core import (
     IncompleteInheritedPrefixError,
+    ListQuery,
     SessionEvent,
     SessionHeader,
+    SessionListing,
     SessionLocation,
     SessionPersistenceCorruptionError,
     SessionSnapshot,
@@ -45,6 +49,16 @@ from ._store import SyncStore
 __all__ = ["PostgresBackend"]
 
 T = TypeVar("T")
+
+
+def _where(conninfo: str, pool: ConnectionPool[Any] | None) -> str:
+    """host:port/dbname of the connection settings (for the cursor scope; no credentials)."""
+    text = pool.conninfo if pool is not None and isinstance(pool.conninfo, str) else conninfo
+    try:
+        params = conninfo_to_dict(text)
+    except psycopg.Error:
+        return "?"
+    return f"{params.get('host', '')}:{params.get('port', '')}/{params.get('dbname', '')}"
 
 
 class PostgresBackend:
@@ -116,6 +130,7 @@ class PostgresBackend:
             name=f"dsh-{schema}",
         )
         self._connections = connections
+        self._scope = f"postgres:{_where(conninfo, pool)}/{schema}"
         self._writer_lease = writer_lease
         self._leases: list[AdvisoryLease] = []
         self._store = SyncStore(connections, self._tables, self._codec, self._settings)
@@ -209,6 +224,36 @@ class PostgresBackend:
         check_contiguous(session_id, 0, events)
         rows = [self._codec.encode(e) for e in events]
         await self._run(self._store.rewrite, session_id, rows)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    @property
+    def cursor_scope(self) -> str:
+        """The database and schema this backend lists (page cursors are bound to it)."""
+        return self._scope
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """One page in the query's order (recent: last durable write; created) with its filters: an index scan."""
+        rows = await self._run(self._store.list_page, query)
+        return [SessionListing(header=header, updated_at=at, revision=revision) for header, at, revision in rows]
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        """Remove the session and its events in one transaction (only at ``expected_revision`` if given)."""
+        lease = await self.acquire_writer_lease(SessionHeader(id=session_id, created_at=0))
+        try:
+            await self._run(self._store.delete, session_id, expected_revision)
+        finally:
+            await lease.release()
+
+    async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
+        """Rewrite the log as ``events`` in one transaction, only if the session is still at ``expected_revision``.
+
+        Rows carry no batch structure here, so this only re-stores the same events (a new revision).
+        """
+        session_id = storage.meta.id
+        check_contiguous(session_id, 0, events)
+        rows = [self._codec.encode(e) for e in events]
+        await self._run(self._store.rewrite, session_id, rows, expected_revision)
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> AdvisoryLease | NoLease:
         """The session's writer lease: a no-op unless ``writer_lease=True``, then an advisory lock.

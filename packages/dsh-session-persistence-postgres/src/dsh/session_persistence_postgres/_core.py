@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dsh.session_persistence.backend import (
     IncompleteInheritedPrefixError,
+    ListQuery,
     SeqMismatchError,
     SessionAlreadyExistsError,
+    SessionChangedError,
     SessionEvent,
     SessionFormatUnsupportedError,
     SessionHeader,
+    SessionListing,
     SessionLocation,
     SessionLockedError,
     SessionNotFoundError,
@@ -35,11 +38,14 @@ from dsh.session_persistence.backend import (
 
 __all__ = [
     "IncompleteInheritedPrefixError",
+    "ListQuery",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
+    "SessionChangedError",
     "SessionEvent",
     "SessionFormatUnsupportedError",
     "SessionHeader",
+    "SessionListing",
     "SessionLocation",
     "SessionLockedError",
     "SessionNotFoundError",

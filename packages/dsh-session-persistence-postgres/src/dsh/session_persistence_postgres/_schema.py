@@ -6,8 +6,8 @@ Four objects live in one PostgreSQL schema (``public`` unless the backend is giv
   prefixes every revision token, so revisions from two databases never compare equal);
 * ``dsh_revisions``: a sequence; every change to a session takes a fresh value as its revision, so a revision
   never repeats, not even for a deleted and re-created id;
-* ``dsh_sessions``: one row per materialized session (header JSON, inherited cut, ``next_seq``, revision), with
-  an index on its creation order for ``list``;
+* ``dsh_sessions``: one row per materialized session (header JSON, inherited cut, ``next_seq``, revision,
+  ``updated_at`` in ms), indexed for ``list`` (creation order) and ``list_page`` (recent, created);
 * ``dsh_events``: one row per event, keyed by ``(session_id, seq)``, the compact JSON line or its zstd frame.
 
 Creation runs under a transaction-scoped advisory lock, so processes starting together create it once. A schema
@@ -69,6 +69,8 @@ class Tables:
         self.events = sql.Identifier(schema, "dsh_events")
         self.revisions = sql.Identifier(schema, "dsh_revisions")
         self.created_index = sql.Identifier("dsh_sessions_created")
+        self.recent_index = sql.Identifier("dsh_sessions_recent")
+        self.created_at_index = sql.Identifier("dsh_sessions_created_at")
         # nextval() takes the sequence as a regclass literal: the quoted, qualified name as text.
         self.revisions_literal = sql.Literal(f"{quote_identifier(schema)}.{quote_identifier('dsh_revisions')}")
 
@@ -89,7 +91,8 @@ def _ddl(t: Tables) -> list[sql.Composed]:
             " inherited_event_count bigint NOT NULL CHECK (inherited_event_count >= 0),"
             " next_seq bigint NOT NULL CHECK (next_seq >= 0),"
             " revision bigint NOT NULL,"
-            " created_revision bigint NOT NULL)"
+            " created_revision bigint NOT NULL,"
+            " updated_at bigint NOT NULL DEFAULT 0)"
         ).format(sessions=t.sessions),
         sql.SQL(
             "CREATE TABLE {events} ("
@@ -102,10 +105,22 @@ def _ddl(t: Tables) -> list[sql.Composed]:
     ]
 
 
-def _index_ddl(t: Tables) -> sql.Composed:
-    return sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON {sessions} (created_revision)").format(
-        name=t.created_index, sessions=t.sessions
-    )
+def _index_ddl(t: Tables) -> list[sql.Composed]:
+    """The listing column and indexes; additive, so stores created by 0.1 get them at start (same version)."""
+    return [
+        sql.SQL("ALTER TABLE {sessions} ADD COLUMN IF NOT EXISTS updated_at bigint NOT NULL DEFAULT 0").format(
+            sessions=t.sessions
+        ),
+        sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON {sessions} (created_revision)").format(
+            name=t.created_index, sessions=t.sessions
+        ),
+        sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON {sessions} (updated_at DESC, id)").format(
+            name=t.recent_index, sessions=t.sessions
+        ),
+        sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON {sessions} (((header->>'createdAt')::bigint) DESC, id)").format(
+            name=t.created_at_index, sessions=t.sessions
+        ),
+    ]
 
 
 def _exists(conn: _Conn, query: str, *params: str) -> bool:
@@ -134,9 +149,8 @@ def ensure_schema(conn: _Conn, t: Tables) -> str:
         if not _exists(conn, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s)", t.schema_name):
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(t.schema))
         if not _relation_exists(conn, t.schema_name, "dsh_schema"):
-            for statement in _ddl(t):
+            for statement in [*_ddl(t), *_index_ddl(t)]:
                 conn.execute(statement)
-            conn.execute(_index_ddl(t))
             store_id = uuid.uuid4().hex
             conn.execute(
                 sql.SQL("INSERT INTO {meta} (version, store_id) VALUES (%s, %s)").format(meta=t.meta),
@@ -147,9 +161,10 @@ def ensure_schema(conn: _Conn, t: Tables) -> str:
         if (
             found is not None
             and int(found[0]) == SCHEMA_VERSION
-            and not _relation_exists(conn, t.schema_name, "dsh_sessions_created")
+            and not _relation_exists(conn, t.schema_name, "dsh_sessions_created_at")
         ):
-            conn.execute(_index_ddl(t))  # stores created by 0.1 lack the list index
+            for statement in _index_ddl(t):  # stores created by 0.1 lack the listing column and indexes
+                conn.execute(statement)
     if found is None:
         raise SchemaVersionError(f'dsh schema in "{t.schema_name}" has no version row', 0)
     version, store_id = int(found[0]), str(found[1])

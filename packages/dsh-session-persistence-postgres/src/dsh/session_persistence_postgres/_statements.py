@@ -15,7 +15,10 @@ from psycopg import sql
 
 from ._schema import Tables
 
-__all__ = ["Statements"]
+__all__ = ["Statements", "list_page_query"]
+
+# Milliseconds since the epoch of the statement's start (the server's clock: one clock for every writer).
+_NOW_MS = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
 
 _EVENTS_FROM_ARRAYS = (
     "unnest(%(seqs)s::bigint[], %(flags)s::boolean[], %(bodies)s::bytea[]) AS u(seq, compressed, body)"
@@ -34,10 +37,9 @@ class Statements:
     events_between: sql.Composed
     revision: sql.Composed
     snapshots: sql.Composed
-    rewrite_row: sql.Composed
-    rewrite_delete: sql.Composed
-    rewrite_insert: sql.Composed
+    rewrite: sql.Composed
     settings: sql.Composed
+    delete: sql.Composed
 
     @classmethod
     def for_tables(cls, t: Tables) -> Statements:
@@ -54,8 +56,9 @@ class Statements:
             # First batch: the session row and its events in one statement; an existing id inserts nothing.
             create=q(
                 "WITH r AS (SELECT nextval({rev}) AS v), "
-                "s AS (INSERT INTO {sessions} (id, header, inherited_event_count, next_seq, revision, created_revision)"
-                " SELECT %(id)s, %(header)s::json, %(cut)s, %(n)s, r.v, r.v FROM r"
+                "s AS (INSERT INTO {sessions}"
+                " (id, header, inherited_event_count, next_seq, revision, created_revision, updated_at)"
+                " SELECT %(id)s, %(header)s::json, %(cut)s, %(n)s, r.v, r.v, " + _NOW_MS + " FROM r"
                 " ON CONFLICT (id) DO NOTHING RETURNING id), "
                 "e AS (INSERT INTO {events} (session_id, seq, compressed, body)"
                 " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
@@ -63,7 +66,8 @@ class Statements:
             ),
             # Later batches: compare-and-set next_seq (row lock held to commit), then the events.
             append=q(
-                "WITH s AS (UPDATE {sessions} SET next_seq = next_seq + %(n)s, revision = nextval({rev})"
+                "WITH s AS (UPDATE {sessions} SET next_seq = next_seq + %(n)s, revision = nextval({rev}),"
+                " updated_at = " + _NOW_MS + ""
                 " WHERE id = %(id)s AND next_seq = %(first)s RETURNING id), "
                 "e AS (INSERT INTO {events} (session_id, seq, compressed, body)"
                 " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
@@ -80,13 +84,57 @@ class Statements:
             ),
             revision=q("SELECT revision FROM {sessions} WHERE id = %(id)s"),
             snapshots=q("SELECT id, header::text, revision FROM {sessions} ORDER BY created_revision"),
-            rewrite_row=q(
-                "UPDATE {sessions} SET next_seq = %(n)s, revision = nextval({rev}) WHERE id = %(id)s RETURNING 1"
-            ),
-            rewrite_delete=q("DELETE FROM {events} WHERE session_id = %(id)s"),
-            rewrite_insert=q(
-                "INSERT INTO {events} (session_id, seq, compressed, body)"
-                " SELECT %(id)s, u.seq, u.compressed, u.body FROM " + _EVENTS_FROM_ARRAYS
+            # The whole replacement in one statement, all of it conditional on the session row's update (the
+            # revision check): rows past the new end are deleted, the others inserted or overwritten.
+            rewrite=q(
+                "WITH s AS (UPDATE {sessions} SET next_seq = %(n)s, revision = nextval({rev}),"
+                " updated_at = CASE WHEN %(touch)s THEN " + _NOW_MS + " ELSE updated_at END"
+                " WHERE id = %(id)s AND (%(expected)s::bigint IS NULL OR revision = %(expected)s::bigint)"
+                " RETURNING id), "
+                "d AS (DELETE FROM {events} WHERE session_id IN (SELECT id FROM s) AND seq >= %(n)s RETURNING 1), "
+                "i AS (INSERT INTO {events} (session_id, seq, compressed, body)"
+                " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + ""
+                " ON CONFLICT (session_id, seq) DO UPDATE SET compressed = EXCLUDED.compressed, body = EXCLUDED.body"
+                " RETURNING 1) "
+                "SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM d), (SELECT count(*) FROM i)"
             ),
             settings=q("SELECT current_setting('fsync'), current_setting('synchronous_commit')"),
+            delete=q(
+                "DELETE FROM {sessions} WHERE id = %(id)s"
+                " AND (%(expected)s::bigint IS NULL OR revision = %(expected)s::bigint) RETURNING 1"
+            ),
         )
+
+
+def list_page_query(
+    t: Tables,
+    order: str,
+    after: tuple[int, str] | None,
+    cwd: str | None,
+    parent: str | None,
+    since: int | None,
+    limit: int | None,
+) -> tuple[sql.Composed, dict[str, object]]:
+    """One page in ``order`` (newest first, ties by ascending id) after a keyset position: an index scan."""
+    key = sql.SQL("updated_at" if order == "recent" else "((header->>'createdAt')::bigint)")
+    where: list[sql.Composable] = [sql.SQL("true")]
+    params: dict[str, object] = {}
+    if after is not None:
+        where.append(sql.SQL("({key} < %(k)s OR ({key} = %(k)s AND id > %(after)s))").format(key=key))
+        params.update(k=after[0], after=after[1])
+    if cwd is not None:
+        where.append(sql.SQL("header->>'cwd' = %(cwd)s"))
+        params["cwd"] = cwd
+    if parent is not None:
+        where.append(sql.SQL("header->>'parentSession' = %(parent)s"))
+        params["parent"] = parent
+    if since is not None:
+        where.append(sql.SQL("updated_at >= %(since)s"))
+        params["since"] = since
+    query = sql.SQL(
+        "SELECT id, header::text, revision, updated_at FROM {sessions} WHERE {where} ORDER BY {key} DESC, id"
+    ).format(sessions=t.sessions, where=sql.SQL(" AND ").join(where), key=key)
+    if limit is not None:
+        # A literal, not a parameter: with the limit known the planner walks the index and stops early.
+        query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(int(limit)))
+    return query, params

@@ -19,8 +19,10 @@ import zstandard
 from ._codec import EventCodec
 from ._connections import Conn, Connections
 from ._core import (
+    ListQuery,
     SeqMismatchError,
     SessionAlreadyExistsError,
+    SessionChangedError,
     SessionEvent,
     SessionHeader,
     SessionNotFoundError,
@@ -33,7 +35,7 @@ from ._errors import WeakDurabilityError
 from ._retry import Outcome, Retrier
 from ._schema import Tables, ensure_schema
 from ._settings import Settings
-from ._statements import Statements
+from ._statements import Statements, list_page_query
 
 __all__ = ["Loaded", "SyncStore"]
 
@@ -271,25 +273,81 @@ class SyncStore:
                 return False
         return True
 
-    def rewrite(self, session_id: str, rows: Sequence[Row]) -> None:
-        """Replace the log with ``rows`` (seqs from 0), header and cut kept; idempotent, so simply retried."""
-        self.start()
-        params = {"id": session_id, "n": len(rows), **_arrays(rows)}
+    def rewrite(self, session_id: str, rows: Sequence[Row], expected_revision: str | None = None) -> None:
+        """Replace the log with ``rows`` (seqs from 0), header and cut kept; idempotent, so simply retried.
+
+        With ``expected_revision`` (compaction) nothing is written unless the session is still at it.
+        """
+        store_id = self.start()
+        expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
+        # A compaction is not activity (``updated_at`` kept); a truncation is.
+        params = {"id": session_id, "n": len(rows), "expected": expected, "touch": expected is None, **_arrays(rows)}
 
         def attempt(conn: Conn) -> None:
-            def statements(c: Conn) -> psycopg.Cursor[Any]:
-                cur = c.execute(self._sql.rewrite_row, params)
-                c.execute(self._sql.rewrite_delete, params)
-                if rows:
-                    c.execute(self._sql.rewrite_insert, params)
-                return cur
-
-            if self._pipeline(conn, "BEGIN", statements).fetchone() is None:
+            row = self._pipeline(conn, "BEGIN", lambda c: c.execute(self._sql.rewrite, params)).fetchone()
+            if row is None or row[0] == 0:
+                if expected is not None and self._exists(conn, session_id):
+                    raise SessionChangedError(session_id)
                 raise SessionNotFoundError(session_id)
 
-        try:
-            self._retry.write("rewrite", attempt, lambda conn: Outcome.ABSENT)
-        except SessionStorageError as exc:
-            if isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
-                raise SessionNotFoundError(session_id) from None
-            raise
+        def settle(conn: Conn) -> Outcome:
+            # A lost compaction may have committed (its revision moved): done if the log now reads as ``rows``.
+            if expected is None:
+                return Outcome.ABSENT
+            loaded = self._rows_now(conn, session_id)
+            return Outcome.STORED if loaded is not None and self._same_rows(loaded, rows) else Outcome.ABSENT
+
+        self._retry.write("rewrite", attempt, settle)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def _revision_number(self, session_id: str, token: str, store_id: str) -> int:
+        store, _, number = token.partition(":")
+        if store != store_id or not number.isdigit():
+            raise SessionChangedError(session_id, f'session "{session_id}": revision {token!r} is not of this store')
+        return int(number)
+
+    def _exists(self, conn: Conn, session_id: str) -> bool:
+        return conn.execute(self._sql.revision, {"id": session_id}).fetchone() is not None
+
+    def _rows_now(self, conn: Conn, session_id: str) -> list[tuple[Any, ...]] | None:
+        params = {"id": session_id, "from": 0}
+        if conn.execute(self._sql.head, params).fetchone() is None:
+            return None
+        return conn.execute(self._sql.events_from, params).fetchall()
+
+    def delete(self, session_id: str, expected_revision: str | None) -> None:
+        """Remove the session row (its events cascade) in one transaction."""
+        store_id = self.start()
+        expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
+        params = {"id": session_id, "expected": expected}
+
+        def attempt(conn: Conn) -> None:
+            if self._pipeline(conn, "BEGIN", lambda c: c.execute(self._sql.delete, params)).fetchone() is None:
+                if self._exists(conn, session_id):
+                    raise SessionChangedError(session_id)
+                raise SessionNotFoundError(session_id)
+
+        def settle(conn: Conn) -> Outcome:
+            # Gone means deleted (by us: the row existed when the lost attempt was sent).
+            return Outcome.ABSENT if self._exists(conn, session_id) else Outcome.STORED
+
+        self._retry.write("delete", attempt, settle)
+
+    def list_page(self, query: ListQuery) -> list[tuple[SessionHeader, int, str]]:
+        """One page: (header, updated_at ms, revision) rows in the query's order; damaged headers left out."""
+        store_id = self.start()
+        after = None if query.after is None else (query.after.key, query.after.session_id)
+        statement, params = list_page_query(
+            self._tables, query.order, after, query.cwd, query.parent, query.since, query.limit
+        )
+        rows = self._retry.read("list page", lambda conn: conn.execute(statement, params).fetchall())
+        page = []
+        for sid, text, rev, updated_at in rows:
+            try:
+                header = decode_header(sid, text)
+            except SessionPersistenceCorruptionError as exc:
+                _log.warning("list page: leaving out %r: %s", sid, exc)
+                continue
+            page.append((header, int(updated_at), f"{store_id}:{rev}"))
+        return page
