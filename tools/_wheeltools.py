@@ -123,7 +123,8 @@ def tool_requirements(*, trio: bool = True) -> list[str]:
 
 
 def find_uv() -> str:
-    for cand in (os.environ.get("DSH_UV"), str(REPO / ".venv-tools" / "bin" / "uv"), shutil.which("uv")):
+    beside_hatch = str(Path(os.environ["DSH_HATCH"]).parent / "uv") if os.environ.get("DSH_HATCH") else None
+    for cand in (os.environ.get("DSH_UV"), str(REPO / ".venv-tools" / "bin" / "uv"), beside_hatch, shutil.which("uv")):
         if cand and Path(cand).is_file():
             return cand
     sys.exit("need uv: run tools/run-tests once (installs it into .venv-tools/), or set DSH_UV, or put uv on PATH")

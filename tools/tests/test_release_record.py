@@ -88,3 +88,26 @@ def test_every_jsonl_release_left_golden_logs() -> None:
     assert versions
     for version in versions:
         assert (GOLDEN / f"v{version}" / "expected.json").is_file(), f"no golden logs for JSONL {version}"
+
+
+def _changelog_versions(dist: str) -> list[str]:
+    """Versions with a heading in packages/<dist>/CHANGELOG.md: `## 0.1.0 (...)` or `## Unreleased (0.2.0)`."""
+    text = (REPO / "packages" / dist / "CHANGELOG.md").read_text(encoding="utf-8")
+    found = []
+    for line in text.splitlines():
+        if m := re.fullmatch(r"## (?:Unreleased \((?P<next>[^)]+)\)|(?P<released>\S+) \(.*\))", line):
+            found.append(m.group("next") or m.group("released"))
+    return found
+
+
+@pytest.mark.parametrize(
+    "dist", sorted(p.name for p in (REPO / "packages").iterdir() if (p / "pyproject.toml").is_file())
+)
+def test_every_package_has_a_changelog_entry_for_its_version_and_its_releases(dist: str) -> None:
+    versions = _changelog_versions(dist)
+    assert _current_version(dist) in versions, f"packages/{dist}/CHANGELOG.md has no entry for its current version"
+    for entry in RELEASES:
+        if entry["distribution"] == dist:
+            assert entry["version"] in versions, (
+                f"packages/{dist}/CHANGELOG.md has no entry for release {entry['version']}"
+            )

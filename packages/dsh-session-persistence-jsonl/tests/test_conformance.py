@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from dsh.session_persistence.backend import SessionBackend
@@ -21,9 +24,25 @@ def compression(request: pytest.FixtureRequest) -> str:
 
 
 class TestJsonlConformance(BackendConformance):
+    lease_holder_names_pid: ClassVar[bool] = True
+    lifecycle_required = True
+
     @pytest.fixture
     def backend_factory(self, tmp_path: Path, compression: str) -> object:
         return lambda: JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+
+    @pytest.fixture
+    def process_backend_factory(self, tmp_path: Path, compression: str) -> object:
+        return functools.partial(JsonlBackend, tmp_path / "root", compression=compression)
+
+    def other_backend_factory(self, tmp_path: Path, compression: str) -> object:
+        return lambda: JsonlBackend(tmp_path / "other-root", compression=compression)  # type: ignore[arg-type]
+
+    async def set_activity(self, backend: SessionBackend, session_id: str, updated_at_ms: int) -> None:
+        assert isinstance(backend, JsonlBackend)
+        matches = [p for p in Path(backend.root).rglob("session.jsonl*") if p.parent.name == session_id]  # noqa: ASYNC240
+        assert len(matches) == 1, matches
+        os.utime(matches[0], ns=(updated_at_ms * 1_000_000, updated_at_ms * 1_000_000))
 
     async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
         assert isinstance(backend, JsonlBackend)

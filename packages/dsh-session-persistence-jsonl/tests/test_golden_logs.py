@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +96,7 @@ async def test_golden_log_loads_as_the_release_read_it(
     original = path.read_bytes()
     assert len(original) == expected["size"]
 
-    if "error" in expected:
+    if "error" in expected:  # damaged: refused by every read, and left as it is
         error = getattr(backend_face, expected["error"])
         assert issubclass(error, SessionPersistenceError)
         async with PersistenceCoordinator(Host(), JsonlBackend(root, compression=compression)) as persistence:
@@ -128,20 +130,31 @@ async def test_golden_log_loads_as_the_release_read_it(
     after = path.read_bytes()
     kept = expected["bytes_kept"]
     if not writes:  # nothing to repair: the file is untouched
-        assert after == original
+        assert after == original, "load of a clean log wrote"
     elif upgraded:
         assert after.startswith(b"\x5d\x2a\x4d\x18" if compression == "zstd" else b'{"type":"dsh.batch"')
     else:
         assert after[:kept] == original[:kept], "load rewrote committed bytes"
 
-    # A restarted process sees the committed view: repair closers (and the cut) are durable now.
+    # A restarted process finds exactly what the release's load left: the committed prefix unchanged (time
+    # included), the repair closers durable, the torn fragment gone (appending after it would read as damage).
     async with PersistenceCoordinator(Host(), JsonlBackend(root, compression=compression)) as persistence:
-        total = len(expected["load"]["events"])
         reread = await persistence.read_from(session_id, 0)
-        assert [e.seq for e in reread.events] == list(range(total))
-        view = _view(await persistence.load(session_id), total)
-        assert [{k: v for k, v in e.items() if k != "time"} for e in view["events"]] == [
-            {k: v for k, v in e.items() if k != "time"} for e in expected["load"]["events"]
-        ]
-        assert view["header"] == as_written(expected["load"])["header"]
+        assert _view(reread, stored)["events"] == expected["load"]["events"]
+        assert _view(await persistence.load(session_id), stored) == as_written(expected["load"])
     assert path.read_bytes() == after, "a second load wrote again"
+
+
+@pytest.mark.parametrize(("release", "compression", "session_id", "expected"), CASES)
+def test_dsh_sessions_verify_judges_the_golden_log_without_writing(
+    release: Path, compression: str, session_id: str, expected: dict[str, Any], tmp_path: Path
+) -> None:
+    """`dsh-sessions verify ID`: exit 0 for what loads (torn and interrupted are recoverable), 1 for damage."""
+    root = _copy_root(release, compression, tmp_path)
+    path = root.parent / expected["file"]
+    original = path.read_bytes()
+    cli = Path(sys.executable).with_name("dsh-sessions")
+    command = [str(cli), "--root", str(root), "-o", f"compression={compression}", "verify", session_id]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL)
+    assert done.returncode == (1 if "error" in expected else 0), done.stdout + done.stderr
+    assert path.read_bytes() == original, "verify wrote"

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["PgCluster", "find_pg_bin", "require_pg_bin", "running_cluster"]
+__all__ = ["PASSWORD_USER", "PgCluster", "find_pg_bin", "require_pg_bin", "running_cluster"]
+
+#: The role that authenticates with a password (scram-sha-256) on every cluster these tests start.
+PASSWORD_USER = "dsh_pw"
 
 _SETUP_HINT = "run tools/postgres-setup (installs Debian's postgresql package)"
 
@@ -101,6 +104,9 @@ class PgCluster:
             str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8",
             "--locale=C", "--no-sync",
         )  # fmt: skip
+        # One role must prove a password (the wrong-password test); everyone else is trusted.
+        hba = self.data / "pg_hba.conf"
+        hba.write_text(f"host all {PASSWORD_USER} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
 
     def start(self) -> None:
         options = (

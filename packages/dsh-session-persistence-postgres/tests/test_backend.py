@@ -12,25 +12,18 @@ import pytest
 from dsh.session_persistence.backend import (
     SeqMismatchError,
     SessionAlreadyExistsError,
-    SessionEvent,
     SessionFormatUnsupportedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     StorageMetadata,
 )
-from dsh.session_persistence.events import OpaqueEvent
+from dsh.session_persistence.events import OpaqueEvent, SessionEvent
 from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import NAME, SCHEMA_VERSION, PostgresBackend, SchemaVersionError
 from dsh.session_persistence_postgres._codec import EventCodec
 from dsh.session_persistence_postgres._plugin import dsh_session_backends
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module", params=[pytest.param(("asyncio", {"debug": True}), id="asyncio")])
-def anyio_backend(request: pytest.FixtureRequest) -> object:
-    """The database tests need psycopg's async API, which runs on asyncio only (see test_trio.py)."""
-    return request.param
 
 
 @pytest.fixture
@@ -196,3 +189,16 @@ def test_plugin_registers_the_backend() -> None:
     assert dsh_session_backends() == [PostgresBackend]
     found = [ep for ep in entry_points(group="dsh.session") if ep.name == "postgres"]
     assert [ep.value for ep in found] == ["dsh.session_persistence_postgres._plugin"]
+
+
+async def test_a_damaged_header_leaves_only_its_session_out_of_list(postgres_dsn: str, schema: str) -> None:
+    backend = PostgresBackend(postgres_dsn, schema=schema)
+    try:
+        await backend.append_batch(StorageMetadata(meta("good")), one_turn_log(), False)
+        await backend.append_batch(StorageMetadata(meta("bad")), one_turn_log(), False)
+        _sql(postgres_dsn, f"UPDATE \"{schema}\".dsh_sessions SET header = '{{\"id\": 7}}' WHERE id = 'bad'")
+        assert [h.id for h in await backend.list()] == ["good"]
+        with pytest.raises(SessionPersistenceCorruptionError, match='stored session "bad" failed validation'):
+            await backend.load_stored("bad")
+    finally:
+        await backend.aclose()

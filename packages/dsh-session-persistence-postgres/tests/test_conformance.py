@@ -1,26 +1,17 @@
-"""The backend conformance kit against a real PostgreSQL server (asyncio only: psycopg's async API has no trio)."""
+"""The backend conformance kit against a real PostgreSQL server, on asyncio and trio."""
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 from dsh.session_persistence.backend import SessionBackend, SessionPersistenceError
 from dsh.session_persistence.testing import WORK, BackendConformance, BackendFactory, ConformanceRig, meta
 from dsh.session_persistence_postgres import PostgresBackend
 
-TRIO_SKIP = "psycopg's async API does not run on trio: PostgresBackend (and so its conformance run) is asyncio-only"
-
 
 class TestPostgresConformance(BackendConformance):
     """Every storage-contract, host, fault, race and property scenario of the kit; each test its own schema."""
-
-    @pytest.fixture(scope="class", params=[pytest.param(("asyncio", {"debug": True}), id="asyncio")])
-    @classmethod
-    def anyio_backend(cls, request: pytest.FixtureRequest) -> Any:
-        """asyncio only (see ``test_conformance_on_trio``)."""
-        return request.param
 
     @pytest.fixture
     def backend_factory(self, postgres_dsn: str) -> BackendFactory:
@@ -53,8 +44,3 @@ class TestPostgresConformance(BackendConformance):
     async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
         """No torn tails in SQL: a batch is one transaction, committed whole or not at all."""
         pytest.skip("PostgresBackend has no torn tails: every batch is one transaction")
-
-
-@pytest.mark.skip(reason=TRIO_SKIP)
-def test_conformance_on_trio() -> None:
-    """Placeholder that states, in the test report, why the conformance kit runs on asyncio only."""

@@ -3,7 +3,7 @@
 Each round both writers get the go signal together and append a batch at the same seq (the first round
 materializes the session). The database admits exactly one per round: the loser gets a typed error
 (``SessionAlreadyExistsError`` for the first batch, ``SeqMismatchError`` after it), and the stored log is
-contiguous with every batch wholly from one writer.
+contiguous with every batch wholly from one writer. One writer runs on asyncio, the other on trio.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ WRITER = textwrap.dedent(
     """
     import sys
     import anyio
-    from dsh.session_persistence.backend import SeqMismatchError, SessionAlreadyExistsError, SessionHeader
     from dsh.session_persistence.backend import StorageMetadata
+    from dsh.session_persistence.backend import SeqMismatchError, SessionAlreadyExistsError
     from dsh.session_persistence.events import OpaqueEvent
+    from dsh.session_persistence.backend import SessionHeader
     from dsh.session_persistence_postgres import PostgresBackend
 
-    dsn, schema, sid, tag, size = sys.argv[1:6]
+    dsn, schema, sid, tag, size, loop = sys.argv[1:7]
     size = int(size)
     storage = StorageMetadata(SessionHeader(id=sid, created_at=1, cwd="/race"))
 
@@ -51,7 +52,7 @@ WRITER = textwrap.dedent(
                 print(f"won {round_no}", flush=True)
         await backend.aclose()
 
-    anyio.run(main, backend="asyncio")
+    anyio.run(main, backend=loop)
     """
 )
 
@@ -60,13 +61,13 @@ def test_two_processes_race_on_one_session(postgres_dsn: str) -> None:
     schema = f"race_{uuid.uuid4().hex[:12]}"
     procs = {
         tag: subprocess.Popen(
-            [sys.executable, "-c", WRITER, postgres_dsn, schema, "race", tag, str(BATCH)],
+            [sys.executable, "-c", WRITER, postgres_dsn, schema, "race", tag, str(BATCH), loop],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for tag in "AB"
+        for tag, loop in (("A", "asyncio"), ("B", "trio"))
     }
     try:
         for proc in procs.values():

@@ -124,10 +124,10 @@ def test_list_newest_first_with_counts_and_status(root: Path) -> None:
     result = cli("--root", str(root), "list")
     assert result.code == 0, result.err
     lines = result.out.splitlines()
-    assert lines[0].split() == ["ID", "CREATED", "CWD", "EVENTS", "SIZE", "LAST", "ACTIVITY", "STATUS"]
+    assert lines[0].split() == ["ID", "LAST", "ACTIVITY", "TURNS", "EVENTS", "SIZE", "STATUS", "CWD", "TITLE"]
     assert [line.split()[0] for line in lines[1:]] == ["crashed", "done"]
-    assert lines[1].split()[-1] == "interrupted" and lines[2].split()[-1] == "ok"
-    assert WORK in lines[1]
+    assert "interrupted" in lines[1].split() and "ok" in lines[2].split()
+    assert lines[1].endswith(f"{WORK}  pay and send the receipt") and lines[2].endswith(f"{WORK}  hi")
     assert result.err == ""  # no progress indicator: stderr is not a terminal
 
 
@@ -148,9 +148,16 @@ def test_list_json_shape(root: Path) -> None:
 
 
 def test_list_empty_and_missing_root(tmp_path: Path) -> None:
-    result = cli("--root", str(tmp_path / "nothing-here"), "list")
-    assert (result.code, result.out) == (0, f"no sessions under {tmp_path / 'nothing-here'} (backend jsonl)\n")
-    assert cli("--root", str(tmp_path / "nothing-here"), "list", "--json").json()["sessions"] == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = cli("--root", str(empty), "list")
+    assert (result.code, result.out) == (0, f"no sessions under {empty} (backend jsonl)\n")
+    assert cli("--root", str(empty), "list", "--json").json()["sessions"] == []
+    # A root that does not exist is a typo until proven otherwise: an error, and nothing is created.
+    missing = tmp_path / "nothing-here"
+    result = cli("--root", str(missing), "list")
+    assert result.code == 4 and "does not exist" in one_error_line(result)
+    assert not missing.exists()
 
 
 def test_progress_indicator_only_on_a_terminal(root: Path) -> None:

@@ -16,10 +16,21 @@ from dsh.session_persistence.testing import BackendConformance, BackendFactory
 
 
 class TestMemoryConformance(BackendConformance):
+    lifecycle_required = True
+
     @pytest.fixture
     def backend_factory(self) -> BackendFactory:
         store = MemoryStore()
         return lambda: MemoryBackend(store)
+
+    @pytest.fixture
+    def other_backend_factory(self) -> BackendFactory:
+        store = MemoryStore()
+        return lambda: MemoryBackend(store)
+
+    async def set_activity(self, backend: SessionBackend, session_id: str, updated_at_ms: int) -> None:
+        assert isinstance(backend, MemoryBackend)
+        backend.store.set_updated_at(session_id, updated_at_ms)
 
     async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
         assert isinstance(backend, MemoryBackend)

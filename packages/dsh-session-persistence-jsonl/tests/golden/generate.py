@@ -10,7 +10,7 @@ Run it with an interpreter in which a *released* build is installed (not the wor
     /tmp/venv-0.1.0/bin/python packages/dsh-session-persistence-jsonl/tests/golden/generate.py
 
 It writes ``v<jsonl version>/{zstd,none}/`` (one storage root per encoding) and ``v<version>/expected.json``.
-The script only uses names that release exported from its top-level modules (``dsh.session_persistence``,
+The script only uses names that release exported from its public modules (``dsh.session_persistence``,
 ``.loop``, ``.testing``, ``dsh.session_persistence_jsonl``, ``dsh.session_checkpoint_policy``), so it keeps
 running against the release it was written for; it refuses to run against an editable work-tree install.
 
@@ -45,14 +45,12 @@ from typing import Any
 
 import anyio
 from dsh.session_checkpoint_policy import NAME, CheckpointPolicy
-from dsh.session_persistence import (
-    Host,
-    PersistenceCoordinator,
-    SessionPersistenceError,
-    SessionStore,
-    event_to_builtins,
-    header_to_builtins,
-)
+from dsh.session_persistence import Host, PersistenceCoordinator, SessionPersistenceError, SessionStore
+
+try:  # 0.2 and later: the codec lives on the backend face
+    from dsh.session_persistence.backend import event_to_builtins, header_to_builtins
+except ImportError:  # 0.1: exported from the top level
+    from dsh.session_persistence import event_to_builtins, header_to_builtins  # type: ignore[attr-defined, no-redef]
 from dsh.session_persistence.loop import AgentLoop
 from dsh.session_persistence.testing import ScriptedAdapter, ScriptedTool, TextResponse, ToolCallResponse
 from dsh.session_persistence_jsonl import JsonlBackend
@@ -60,7 +58,7 @@ from dsh.session_persistence_jsonl import JsonlBackend
 HERE = Path(__file__).resolve().parent
 CWD = "/golden/project"  # recorded in the headers; never touched on disk
 ENCODINGS = ("zstd", "none")
-SUFFIX = {"zstd": ".jsonl.zstd", "none": ".jsonl"}
+TRANSCRIPTS = ("session.jsonl.zstd", "session.jsonl")
 
 
 class Clock:
@@ -79,7 +77,7 @@ def arith_tool(name: str, op: Any) -> ScriptedTool:
 
 
 def session_file(root: Path, session_id: str) -> Path:
-    found = [p for p in root.rglob("session*") if p.is_file() and p.parent.name == session_id]
+    found = [p for p in root.rglob("session.jsonl*") if p.name in TRANSCRIPTS and p.parent.name == session_id]
     if len(found) != 1:
         raise SystemExit(f"expected one transcript for {session_id} under {root}, found {found}")
     return found[0]

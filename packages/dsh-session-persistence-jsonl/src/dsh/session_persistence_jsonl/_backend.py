@@ -19,17 +19,22 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 from dsh.session_persistence.backend import (
+    ListQuery,
     RawArtifact,
+    SalvagedLog,
     SeqMismatchError,
     SessionAlreadyExistsError,
     SessionEvent,
     SessionHeader,
+    SessionListing,
     SessionLocation,
     SessionNotFoundError,
+    SessionPersistenceCorruptionError,
     SessionPersistenceError,
     SessionSnapshot,
     SessionStorageError,
     StorageMetadata,
+    StoredArtifact,
     StoredPrefix,
     StoredSuffix,
     encode_storage_lines,
@@ -65,8 +70,11 @@ from ._fs import (
 )
 from ._layout import Compression, project_dir_name, session_segment, transcript_path
 from ._lease import JsonlWriterLease, acquire_lease
+from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
+from ._salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
+from ._seq_guard import NextSeqCache, check_continues
 from ._upgrade import current_header, declared_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
@@ -141,6 +149,8 @@ class JsonlBackend:
         self._preflight_done = False
         # Transcripts this instance knows to be declared (v1): written, upgraded or read as such.
         self._declared: set[str] = set()
+        # The next seq of each transcript as this instance last saw it, so an append at a wrong seq is refused.
+        self._next_seqs = NextSeqCache()
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -259,6 +269,9 @@ class JsonlBackend:
         if result is None:
             return None
         log, revision = result
+        if log.torn is None:
+            dev, ino, size = (int(part) for part in revision.split(":")[:3])
+            self._next_seqs.remember(self._path_for(log.header), (dev, ino, size), len(log.events))
         return StoredPrefix(
             meta=log.header,
             inherited_event_count=log.inherited_event_count,
@@ -410,6 +423,7 @@ class JsonlBackend:
 
     def _materialize_sync(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         header = storage.meta
+        check_continues(header.id, 0, events)
         # Encode everything before touching the disk: an encoding error must leave no trace.
         data = self._encode_header(storage) + (self._encode_batch(events) if events else b"")
         self._ensure_preflight()
@@ -427,6 +441,20 @@ class JsonlBackend:
         except FileExistsError as exc:
             raise _exists_error(refusal, path) from exc
         self._declared.add(path)
+        self._next_seqs.remember(path, os.stat(path), len(events))
+
+    def _next_seq_sync(self, path: str, session_id: str) -> tuple[int, os.stat_result]:
+        """The next seq of the transcript at ``path`` (remembered, or decoded once) and its current stat."""
+        st = os.stat(path)
+        known = self._next_seqs.lookup(path, st)
+        if known is not None:
+            return known, st
+        data, _revision = stable_read(path)
+        log = self._decode(data, path)
+        if log.torn is not None:
+            # Appending after a torn fragment would bury it mid-log; the coordinator repairs before appending.
+            raise SessionPersistenceCorruptionError(f'session "{session_id}" has an unrepaired torn tail ("{path}")')
+        return len(log.events), os.stat(path)
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
@@ -488,8 +516,14 @@ class JsonlBackend:
 
         def work() -> None:
             if self._is_declared_file(path, storage.meta):
-                append_durable(path, self._encode_batch(batch))
+                next_seq, st = self._next_seq_sync(path, storage.meta.id)
+                check_continues(storage.meta.id, next_seq, batch)
+                data = self._encode_batch(batch)
+                self._next_seqs.forget(path)
+                append_durable(path, data)
+                self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
             else:
+                self._next_seqs.forget(path)
                 self._upgrade_sync(storage, path, batch, None)
 
         await self._run_shielded(work, "appending to the session log")
@@ -509,6 +543,7 @@ class JsonlBackend:
         batch = [*(marker.recovered_events if marker is not None else ()), *closers]
 
         def work() -> None:
+            self._next_seqs.forget(path)
             if not self._is_declared_file(path, storage.meta):
                 self._upgrade_sync(storage, path, batch, marker)
                 return
@@ -530,6 +565,7 @@ class JsonlBackend:
                 os.lstat(path)
             except FileNotFoundError:
                 raise SessionNotFoundError(storage.meta.id) from None
+            self._next_seqs.forget(path)
             replace_durable(path, data)
             self._declared.add(path)
 
@@ -569,6 +605,78 @@ class JsonlBackend:
             truncate_durable(tail.path, tail.start, tail.size)
 
         await self._run_shielded(work, "discarding the damaged final batch")
+
+    # --------------------------------------------------------------------------------------------------------
+    # lifecycle (the work lives in _lifecycle)
+
+    @property
+    def cursor_scope(self) -> str:
+        """Listing cursors belong to this root (and encoding); a cursor from another root is refused."""
+        return f"jsonl:{self.compression}:{os.path.realpath(self.root)}"
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``.
+
+        The root preflight (a root holding the other encoding is refused) runs once per backend instance, as for
+        every other read; after it a page costs one ``stat`` per session and the page's headers.
+        """
+
+        def work() -> builtins.list[SessionListing]:
+            self._ensure_preflight()
+            return list_rows(self.root, self.compression, query, self.max_batch_bytes, _checkpoint)
+
+        return await self._run(work, "listing sessions")
+
+    async def list_artifacts(self) -> builtins.list[StoredArtifact]:
+        """Every transcript file by name, readable or not (``verify`` reports the ones ``list`` leaves out)."""
+        return await self._run(lambda: list_artifacts(self.root, self.compression, _checkpoint), "listing transcripts")
+
+    async def load_salvage(self, session_id: str) -> SalvagedLog | None:
+        """The events before the first damage of the transcript (read-only); ``None`` if absent."""
+
+        def work() -> SalvagedLog | None:
+            self._ensure_preflight()
+            path = find_transcript(self.root, session_id, self.compression, _checkpoint)
+            if path is None:
+                return None
+            try:
+                data, _revision = stable_read(path)
+            except FileNotFoundError:
+                return None
+            if is_declared(data[:64], self.compression):
+                salvaged = salvage_declared(data, self.compression, path, self.max_batch_bytes)
+            else:
+                salvaged = (salvage_zstd if self.compression == "zstd" else salvage_raw)(data, path)
+            check_identity(self.root, self.compression, path, salvaged.meta, session_id)
+            return salvaged
+
+        return await self._run(work, "salvaging the session log")
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        """Durably unlink the session's transcript (then its empty directory); unknown ids raise."""
+
+        def work() -> None:
+            self._ensure_preflight()
+            delete_transcript(self.root, self.compression, session_id, expected_revision, _checkpoint)
+
+        await self._run_shielded(work, "deleting the session log")
+
+    async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
+        """Atomically replace the transcript with the header and one declared batch, keeping its mtime.
+
+        The result is always the current (v1) format; a session larger than ``max_batch_bytes`` is refused
+        (``BatchTooLargeError``) with nothing written.
+        """
+        path = self._path_for(storage.meta)
+        batch = list(events)
+
+        def work() -> None:
+            # Encoded before anything is touched: an encoding error leaves no trace.
+            data = self._encode_header(storage) + (self._encode_batch(batch) if batch else b"")
+            compact_transcript(path, storage.meta.id, data, expected_revision)
+            self._declared.add(path)
+
+        await self._run_shielded(work, "compacting the session log")
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.

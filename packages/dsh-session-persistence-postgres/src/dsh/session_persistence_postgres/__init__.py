@@ -1,15 +1,25 @@
 """PostgreSQL backend for dsh sessions: one row per session, one row per event, every write one transaction.
 
-``PostgresBackend(conninfo, schema="public")`` implements the :class:`dsh.session_persistence.backend.SessionBackend`
-primitives over psycopg 3's async connection pool (asyncio only: psycopg's async API does not run on trio). The
-plugin module registers it under the name ``"postgres"`` (entry-point group ``dsh.session``).
+``PostgresBackend(conninfo, schema="public", ...)`` implements the
+:class:`dsh.session_persistence.backend.SessionBackend` primitives on sync psycopg 3 connections run in worker
+threads, so it works under asyncio and trio. The plugin module registers it under the name ``"postgres"``
+(entry-point group ``dsh.session``).
 """
 
 from __future__ import annotations
 
 from ._backend import PostgresBackend
-from ._schema import SCHEMA_VERSION, SchemaVersionError
+from ._errors import PostgresConfigurationError, SchemaVersionError, WeakDurabilityError
+from ._schema import MAX_IDENTIFIER_BYTES, SCHEMA_VERSION
 
 NAME = PostgresBackend.NAME
 
-__all__ = ["NAME", "SCHEMA_VERSION", "PostgresBackend", "SchemaVersionError"]
+__all__ = [
+    "MAX_IDENTIFIER_BYTES",
+    "NAME",
+    "SCHEMA_VERSION",
+    "PostgresBackend",
+    "PostgresConfigurationError",
+    "SchemaVersionError",
+    "WeakDurabilityError",
+]

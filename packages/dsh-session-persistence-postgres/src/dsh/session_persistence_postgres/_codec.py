@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import zstandard
 
 from ._core import SessionEvent, decode_event_line, encode_event
@@ -23,19 +25,30 @@ class EventCodec:
         if threshold < 1:
             raise ValueError("compress_threshold must be a positive number of bytes")
         self.threshold = threshold
-        self._compressor = zstandard.ZstdCompressor(level=level)
-        self._decompressor = zstandard.ZstdDecompressor()
+        self._level = level
+        # zstandard contexts must not be shared between threads: one pair per thread.
+        self._local = threading.local()
+
+    def _contexts(self) -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+        pair: tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor] | None = getattr(self._local, "pair", None)
+        if pair is None:
+            pair = (zstandard.ZstdCompressor(level=self._level), zstandard.ZstdDecompressor())
+            self._local.pair = pair
+        return pair
 
     def encode(self, event: SessionEvent) -> tuple[int, bool, bytes]:
         """The row of one event."""
         raw = encode_event(event)
         if len(raw) >= self.threshold:
-            packed = self._compressor.compress(raw)
+            packed = self._contexts()[0].compress(raw)
             if len(packed) < len(raw):
                 return event.seq, True, packed
         return event.seq, False, raw
 
+    def raw(self, compressed: bool, body: bytes) -> bytes:
+        """The JSON line of one row (raises ``zstandard.ZstdError`` for a damaged frame)."""
+        return self._contexts()[1].decompress(body) if compressed else body
+
     def decode(self, compressed: bool, body: bytes) -> SessionEvent:
         """The event of one row (raises ``ValueError`` or ``zstandard.ZstdError`` for a damaged row)."""
-        raw = self._decompressor.decompress(body) if compressed else body
-        return decode_event_line(raw)
+        return decode_event_line(self.raw(compressed, body))

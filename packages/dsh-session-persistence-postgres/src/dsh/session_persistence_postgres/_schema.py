@@ -6,53 +6,71 @@ Four objects live in one PostgreSQL schema (``public`` unless the backend is giv
   prefixes every revision token, so revisions from two databases never compare equal);
 * ``dsh_revisions``: a sequence; every change to a session takes a fresh value as its revision, so a revision
   never repeats, not even for a deleted and re-created id;
-* ``dsh_sessions``: one row per materialized session (header JSON, inherited cut, ``next_seq``, revision);
+* ``dsh_sessions``: one row per materialized session (header JSON, inherited cut, ``next_seq``, revision), with
+  an index on its creation order for ``list``;
 * ``dsh_events``: one row per event, keyed by ``(session_id, seq)``, the compact JSON line or its zstd frame.
 
 Creation runs under a transaction-scoped advisory lock, so processes starting together create it once. A schema
-newer than this build is refused with :class:`SchemaVersionError`; nothing is ever dropped or altered.
+newer than this build is refused with :class:`SchemaVersionError`; nothing is ever dropped or altered (a missing
+index is added).
 """
 
 from __future__ import annotations
 
 import uuid
 
-from psycopg import AsyncConnection, sql
+from psycopg import Connection, sql
 from psycopg.rows import TupleRow
 
-from ._core import SessionFormatUnsupportedError
+from ._errors import PostgresConfigurationError, SchemaVersionError
 
-__all__ = ["SCHEMA_VERSION", "SchemaVersionError", "Tables", "ensure_schema"]
+__all__ = ["MAX_IDENTIFIER_BYTES", "SCHEMA_VERSION", "Tables", "ensure_schema", "quote_identifier"]
 
 #: The schema version this build creates and reads.
 SCHEMA_VERSION = 1
 
+#: PostgreSQL truncates identifiers to this many bytes (NAMEDATALEN - 1); longer schema names are refused.
+MAX_IDENTIFIER_BYTES = 63
+
 # pg_advisory_xact_lock(int, int) key: a constant class ("dsh\0") and the hash of the schema name.
 _LOCK_CLASS = 0x64736800
 
+_Conn = Connection[TupleRow]
 
-class SchemaVersionError(SessionFormatUnsupportedError):
-    """The database holds a dsh schema version this build cannot use (newer, or unknown)."""
 
-    def __init__(self, message: str, version: int) -> None:
-        super().__init__(message)
-        self.version = version
+def quote_identifier(name: str) -> str:
+    """``name`` as a PostgreSQL quoted identifier: in double quotes, inner double quotes doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _check_schema_name(schema: str) -> None:
+    if not schema:
+        raise PostgresConfigurationError("schema must be a non-empty PostgreSQL schema name")
+    if "\0" in schema:
+        raise PostgresConfigurationError(f"schema name {schema!r} contains a NUL character")
+    size = len(schema.encode())
+    if size > MAX_IDENTIFIER_BYTES:
+        # PostgreSQL would silently truncate it, and two long names sharing a prefix would share one store.
+        raise PostgresConfigurationError(
+            f"schema name {schema!r} is {size} bytes long; PostgreSQL keeps only the first {MAX_IDENTIFIER_BYTES}, "
+            "so it is refused rather than silently truncated"
+        )
 
 
 class Tables:
-    """Quoted names of the backend's objects inside one PostgreSQL schema."""
+    """Quoted names of the backend's objects inside one PostgreSQL schema (any name PostgreSQL keeps as is)."""
 
     def __init__(self, schema: str) -> None:
-        if not schema:
-            raise ValueError("schema must be a non-empty PostgreSQL schema name")
+        _check_schema_name(schema)
         self.schema_name = schema
         self.schema = sql.Identifier(schema)
         self.meta = sql.Identifier(schema, "dsh_schema")
         self.sessions = sql.Identifier(schema, "dsh_sessions")
         self.events = sql.Identifier(schema, "dsh_events")
         self.revisions = sql.Identifier(schema, "dsh_revisions")
-        # nextval() takes the sequence as a regclass literal.
-        self.revisions_literal = sql.Literal(f'"{schema}"."dsh_revisions"')
+        self.created_index = sql.Identifier("dsh_sessions_created")
+        # nextval() takes the sequence as a regclass literal: the quoted, qualified name as text.
+        self.revisions_literal = sql.Literal(f"{quote_identifier(schema)}.{quote_identifier('dsh_revisions')}")
 
 
 def _ddl(t: Tables) -> list[sql.Composed]:
@@ -84,30 +102,54 @@ def _ddl(t: Tables) -> list[sql.Composed]:
     ]
 
 
-async def ensure_schema(conn: AsyncConnection[TupleRow], t: Tables) -> str:
+def _index_ddl(t: Tables) -> sql.Composed:
+    return sql.SQL("CREATE INDEX IF NOT EXISTS {name} ON {sessions} (created_revision)").format(
+        name=t.created_index, sessions=t.sessions
+    )
+
+
+def _exists(conn: _Conn, query: str, *params: str) -> bool:
+    row = conn.execute(query, params).fetchone()
+    return row is not None and bool(row[0])
+
+
+def _relation_exists(conn: _Conn, schema: str, name: str) -> bool:
+    # Exact names from the catalog: never a text -> regclass parse, which would fold or mangle the case.
+    return _exists(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s)",
+        schema,
+        name,
+    )
+
+
+def ensure_schema(conn: _Conn, t: Tables) -> str:
     """Create the schema if absent, refuse one of another version; return the store id.
 
-    ``conn`` must be in autocommit mode: this runs its own transaction.
+    ``conn`` must be idle: this runs its own transaction.
     """
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, t.schema_name))
-        cur = await conn.execute("SELECT to_regnamespace(%s) IS NOT NULL", (t.schema_name,))
-        row = await cur.fetchone()
-        if row is None or not row[0]:
-            await conn.execute(sql.SQL("CREATE SCHEMA {}").format(t.schema))
-        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{t.schema_name}"."dsh_schema"',))
-        row = await cur.fetchone()
-        if row is None or not row[0]:
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, t.schema_name))
+        if not _exists(conn, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s)", t.schema_name):
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(t.schema))
+        if not _relation_exists(conn, t.schema_name, "dsh_schema"):
             for statement in _ddl(t):
-                await conn.execute(statement)
+                conn.execute(statement)
+            conn.execute(_index_ddl(t))
             store_id = uuid.uuid4().hex
-            await conn.execute(
+            conn.execute(
                 sql.SQL("INSERT INTO {meta} (version, store_id) VALUES (%s, %s)").format(meta=t.meta),
                 (SCHEMA_VERSION, store_id),
             )
             return store_id
-        cur = await conn.execute(sql.SQL("SELECT version, store_id FROM {meta}").format(meta=t.meta))
-        found = await cur.fetchone()
+        found = conn.execute(sql.SQL("SELECT version, store_id FROM {meta}").format(meta=t.meta)).fetchone()
+        if (
+            found is not None
+            and int(found[0]) == SCHEMA_VERSION
+            and not _relation_exists(conn, t.schema_name, "dsh_sessions_created")
+        ):
+            conn.execute(_index_ddl(t))  # stores created by 0.1 lack the list index
     if found is None:
         raise SchemaVersionError(f'dsh schema in "{t.schema_name}" has no version row', 0)
     version, store_id = int(found[0]), str(found[1])

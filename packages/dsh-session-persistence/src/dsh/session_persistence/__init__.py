@@ -42,15 +42,19 @@ from ._coordinator import PersistenceCoordinator
 from ._errors import (
     EventValidationError,
     IncompleteInheritedPrefixError,
+    LifecycleArgumentError,
     LiveTurnOpenError,
     ReentrantAppendError,
     SeqMismatchError,
     SessionAlreadyExistsError,
+    SessionChangedError,
+    SessionCursorError,
     SessionFormatUnsupportedError,
     SessionIdCollisionError,
     SessionLifecycleError,
     SessionLiveError,
     SessionLockedError,
+    SessionNeedsRepairError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
@@ -65,6 +69,8 @@ from ._fork import SessionForkError
 from ._front_door import BackendNotFoundError, Sessions, open_sessions
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError
+from ._lifecycle import CompactResult, PruneReport
+from ._listing import SessionListing, SessionPage
 from ._memory import MemoryBackend, MemoryStore
 from ._session import Session, SessionStore
 from ._views import SessionEventSuffix, SessionInspection
@@ -76,10 +82,12 @@ __all__ = [
     "AgentLoop",
     "BackendNotFoundError",
     "CancelSignal",
+    "CompactResult",
     "Deferred",
     "EventValidationError",
     "Host",
     "IncompleteInheritedPrefixError",
+    "LifecycleArgumentError",
     "LiveTurnOpenError",
     "LlmError",
     "MemoryBackend",
@@ -90,19 +98,25 @@ __all__ = [
     "PersistenceCoordinator",
     "PreStepDecision",
     "PreStepInput",
+    "PruneReport",
     "ReentrantAppendError",
     "SeqMismatchError",
     "Session",
     "SessionAlreadyExistsError",
+    "SessionChangedError",
+    "SessionCursorError",
     "SessionEventSuffix",
     "SessionForkError",
     "SessionFormatUnsupportedError",
     "SessionIdCollisionError",
     "SessionInspection",
     "SessionLifecycleError",
+    "SessionListing",
     "SessionLiveError",
     "SessionLockedError",
+    "SessionNeedsRepairError",
     "SessionNotFoundError",
+    "SessionPage",
     "SessionPersistenceCorruptionError",
     "SessionPersistenceError",
     "SessionReservedError",

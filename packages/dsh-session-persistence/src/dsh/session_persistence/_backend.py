@@ -14,15 +14,23 @@ from typing import Protocol, runtime_checkable
 
 from ._events import SessionEvent
 from ._header import SessionHeader
+from ._listing import ListQuery, SessionListing
 
 __all__ = [
     "RawArtifact",
+    "SalvagedLog",
     "SessionBackend",
     "SessionLocation",
     "SessionSnapshot",
     "StorageMetadata",
+    "StoredArtifact",
     "StoredPrefix",
     "StoredSuffix",
+    "SupportsArtifactScan",
+    "SupportsCompact",
+    "SupportsDelete",
+    "SupportsListPage",
+    "SupportsSalvage",
     "SupportsAclose",
     "SupportsLocate",
     "SupportsMaterializeHeader",
@@ -138,6 +146,107 @@ class SessionBackend(Protocol):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Optional lifecycle primitives. The coordinator checks them with ``isinstance(backend, SupportsX)`` and raises
+# UnsupportedOperationError when a backend has none; every one is independent of the others.
+
+
+@runtime_checkable
+class SupportsDelete(Protocol):
+    """A backend that can durably remove one session's stored log."""
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        """Durably remove the stored log: once this returns no ``load``/``list`` sees it, even after a crash.
+
+        Raises ``SessionNotFoundError`` if nothing is stored under the id, and ``SessionChangedError`` (deleting
+        nothing) when ``expected_revision`` is given and the stored revision is another one. A backend with a
+        writer lease takes it for the deletion and raises ``SessionLockedError`` (naming the holder, deleting
+        nothing) while another writer holds it. A crash part-way leaves either the whole log or no log, never a
+        readable fragment.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsListPage(Protocol):
+    """A backend that answers paged, ordered, filtered listings without loading every log.
+
+    ``cursor_scope`` names the storage the cursors belong to (for files, the root; for a database, the
+    database and schema): the coordinator binds every cursor to it, so a cursor from another root is refused.
+    """
+
+    @property
+    def cursor_scope(self) -> str:
+        """A stable string identifying this storage (never shown to users; only hashed into cursors)."""
+        ...
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """At most ``query.limit`` rows (all if ``None``) that satisfy ``query.matches``, in ``query.order_key`` order.
+
+        The first page of a large store must not cost a read of every log or every header where the storage
+        can order by activity cheaply (file modification times, an index). Unreadable headers are left out,
+        as ``list`` leaves them out; ``verify`` is the tool that reports them.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsCompact(Protocol):
+    """A backend that can rewrite a closed session's log as one batch."""
+
+    async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
+        """Atomically replace the stored log with the header, cut and ``events`` written as one batch.
+
+        ``events`` are exactly the stored events (the coordinator read and validated them at
+        ``expected_revision``). If the stored revision is no longer ``expected_revision`` nothing is written and
+        ``SessionChangedError`` is raised; a crash leaves the old log or the new one, never a mixture.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredArtifact:
+    """One stored artifact that may hold a session, readable or not.
+
+    ``session_id`` is ``None`` when the storage name does not decode to an id; ``location`` is where it is.
+    """
+
+    session_id: str | None
+    location: str
+
+
+@runtime_checkable
+class SupportsArtifactScan(Protocol):
+    """A backend that can enumerate what it stores without reading it (for integrity checks)."""
+
+    async def list_artifacts(self) -> builtins.list[StoredArtifact]:
+        """Every artifact that may hold a session, including empty, header-less and damaged ones, which ``list``
+        leaves out. Reads names (and at most metadata), never content."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SalvagedLog:
+    """The events stored before the first damage of a log, and what the damage was (``None``: none found).
+
+    ``events`` are contiguous from seq 0 and each decoded completely; nothing after the first defect is kept,
+    even if later bytes happen to decode (they cannot be trusted to follow what was lost).
+    """
+
+    meta: SessionHeader
+    inherited_event_count: int
+    events: builtins.list[SessionEvent]
+    damage: str | None
+
+
+@runtime_checkable
+class SupportsSalvage(Protocol):
+    """A backend that can read the intact prefix of a damaged log (never writes)."""
+
+    async def load_salvage(self, session_id: str) -> SalvagedLog | None:
+        """The longest decodable prefix; ``None`` if absent. A header that cannot be read still raises."""
+        ...
+
+
 # Optional primitives: each one a protocol, resolved once when the coordinator is built.
 
 

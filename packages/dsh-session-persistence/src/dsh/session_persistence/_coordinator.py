@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -35,6 +37,7 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 
+from . import _lifecycle
 from ._backend import RawArtifact, SessionBackend, SessionLocation, SessionSnapshot, StorageMetadata
 from ._cold_path import cold_commit, prepare, read_from
 from ._coordinator_state import CoordinatorCore, SessionState
@@ -49,6 +52,7 @@ from ._events import SessionEvent
 from ._header import SessionHeader, check_header_cwd, header_to_builtins
 from ._host import Host, hookimpl
 from ._json import NotLosslessJsonError, is_safe_int, snapshot_json
+from ._listing import SessionPage
 from ._live_path import LivePath, live_view
 from ._retirement import Retirement
 from ._scheduling import Scheduler, TaskGroupScheduler
@@ -261,6 +265,12 @@ class PersistenceCoordinator:
         except Exception:
             _logger.exception("session persistence background task failed")
 
+    async def _take_writer_lease(self, meta: SessionHeader) -> None:
+        """Hold ``meta.id``'s writer lease until this coordinator closes (the CLI's ``repair`` is a writer even
+        when nothing needs repair). Raises ``SessionLockedError`` while another writer holds it."""
+        core = self._core
+        await core.chains.run(meta.id, lambda: core.leases.acquire(meta))
+
     async def _cold_commit(self, session_id: str) -> SessionInspection:
         """The cold load's serialized core (exposed for tests that drive it directly)."""
         return await cold_commit(self._core, session_id)
@@ -470,6 +480,52 @@ class PersistenceCoordinator:
                 raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
             live = self._livepath.ensure_live(session)
         await live.init.wait()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Lifecycle: paged listing, deletion, retention, compaction (implemented in _lifecycle)
+
+    async def list_page(
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        order: str = "recent",
+        cwd: str | os.PathLike[str] | None = None,
+        parent: str | None = None,
+        since: datetime | int | None = None,
+    ) -> SessionPage:
+        """One page of stored sessions, newest first by ``order`` (``"recent"`` activity or ``"created"``).
+
+        Filters: ``cwd`` (exact header cwd), ``parent`` (``parentSession``), ``since`` (last activity at or
+        after, an aware datetime or milliseconds since the epoch). Pass ``page.next_cursor`` back as ``cursor``
+        for the next page; a cursor from another root, order or filter set raises ``SessionCursorError``.
+        """
+        return await _lifecycle.list_page(
+            self, limit=limit, cursor=cursor, order=order, cwd=cwd, parent=parent, since=since
+        )
+
+    async def delete(self, session_id: str, *, expected_revision: str | None = None) -> None:
+        """Durably delete a stored session; refused for a live one (``SessionLiveError``) or one whose writer
+        lease another writer holds (``SessionLockedError``); unknown ids raise ``SessionNotFoundError``."""
+        await _lifecycle.delete(self, session_id, expected_revision)
+
+    async def compact(self, session_id: str) -> _lifecycle.CompactResult:
+        """Rewrite a closed, cold session's log as one batch, atomically, under its writer lease."""
+        return await _lifecycle.compact(self, session_id)
+
+    async def prune(
+        self,
+        *,
+        older_than: timedelta | None = None,
+        keep_last: int | None = None,
+        dry_run: bool = True,
+        now: datetime | int | None = None,
+        progress: _lifecycle.Progress | None = None,
+    ) -> _lifecycle.PruneReport:
+        """Retention by age and/or count; a dry run (the default) only reports what would be deleted."""
+        return await _lifecycle.prune(
+            self, older_than=older_than, keep_last=keep_last, dry_run=dry_run, now=now, progress=progress
+        )
 
 
 def coordinators_of(host: Host) -> builtins.list[PersistenceCoordinator]:

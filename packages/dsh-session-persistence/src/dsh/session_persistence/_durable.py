@@ -41,22 +41,13 @@ async def settle_doubt(core: CoordinatorCore, session_id: str, state: SessionSta
 
 
 async def ensure_lease(core: CoordinatorCore, session_id: str, state: SessionState) -> None:
-    """Hold the session's writer lease before writing. When it is taken only now for a log this coordinator
-    read earlier, check that nobody wrote since (the cursor came from a read made without the lease)."""
-    if not await core.leases.acquire(state.storage.meta) or not state.materialized:
-        return
-    try:
-        stored = await core.backend.load_stored(session_id)
-    except BaseException:
-        await core.leases.release(session_id)
-        raise
-    if stored is None or len(stored.events) != state.cursor or stored.torn_marker is not None:
-        await core.leases.release(session_id)
-        found = "no stored log" if stored is None else f"{len(stored.events)} stored event(s)"
-        raise SessionPersistenceError(
-            f'session "{session_id}" changed in storage since this coordinator read it ({found}, expected '
-            f"{state.cursor}); load it again before writing"
-        )
+    """Hold the session's writer lease before writing.
+
+    Taking it here is only ever a first write (an unmaterialized session): every path that adopts an existing
+    log takes the lease first and reads the log again under it (cold commit, live initialization), so a cursor
+    is never trusted from a read made without the lease.
+    """
+    await core.leases.acquire(state.storage.meta)
 
 
 async def _run(

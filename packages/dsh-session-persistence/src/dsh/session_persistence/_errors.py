@@ -10,7 +10,11 @@ from __future__ import annotations
 __all__ = [
     "EventValidationError",
     "IncompleteInheritedPrefixError",
+    "LifecycleArgumentError",
     "ReentrantAppendError",
+    "SessionChangedError",
+    "SessionCursorError",
+    "SessionNeedsRepairError",
     "SessionLifecycleError",
     "LiveTurnOpenError",
     "SessionLockedError",
@@ -125,6 +129,33 @@ class SessionLockedError(SessionPersistenceError):
 
 class SessionLiveError(SessionPersistenceError):
     """An operation that needs a cold session found it live."""
+
+
+class LifecycleArgumentError(SessionPersistenceError, ValueError):
+    """A listing, deletion, retention or compaction request is malformed (a bad limit, order or duration)."""
+
+
+class SessionCursorError(LifecycleArgumentError):
+    """A listing cursor is malformed or was made for another storage root, order or filter set."""
+
+
+class SessionChangedError(SessionPersistenceError):
+    """The stored log changed after it was read (its revision moved); nothing was written or deleted."""
+
+    def __init__(self, session_id: str, message: str | None = None) -> None:
+        super().__init__(message or f'session "{session_id}" changed while the operation ran; nothing was changed')
+        self.session_id = session_id
+
+
+class SessionNeedsRepairError(SessionPersistenceError):
+    """The stored log ends in an interrupted turn or a torn tail: load (or repair) it before compacting."""
+
+    def __init__(self, session_id: str, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f'session "{session_id}" is not closed (an interrupted turn or a torn tail): load or repair it first'
+        )
+        self.session_id = session_id
 
 
 class UnsupportedOperationError(SessionPersistenceError, NotImplementedError):

@@ -12,6 +12,7 @@ import builtins
 import itertools
 import os
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from ._backend import SessionSnapshot, StorageMetadata, StoredPrefix, StoredSuff
 from ._contiguity import check_contiguous
 from ._errors import (
     SessionAlreadyExistsError,
+    SessionChangedError,
     SessionLockedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
@@ -31,6 +33,7 @@ from ._errors import (
 from ._event_codec import decode_event_line, encode_event
 from ._events import SessionEvent
 from ._header import SessionHeader, header_to_builtins
+from ._listing import ListQuery, SessionListing, page_of
 
 __all__ = ["MemoryBackend", "MemoryLease", "MemoryStore"]
 
@@ -45,6 +48,8 @@ class _Entry:
     lines: list[bytes]
     generation: int
     torn: bytes | None = None
+    #: Milliseconds since the epoch of the last mutation (the "recent" listing order).
+    updated_at: int = field(default_factory=lambda: _now_ms())
 
 
 @dataclass
@@ -122,6 +127,10 @@ class MemoryStore:
         entry.torn = fragment
         self._bump(entry)
 
+    def set_updated_at(self, session_id: str, updated_at_ms: int) -> None:
+        """Pretend the last activity happened at ``updated_at_ms`` (tests of ordering and retention)."""
+        self._require(session_id).updated_at = updated_at_ms
+
     def has_torn_tail(self, session_id: str) -> bool:
         entry = self._entries.get(session_id)
         return entry is not None and entry.torn is not None
@@ -136,6 +145,11 @@ class MemoryStore:
 
     def _bump(self, entry: _Entry) -> None:
         entry.generation = next(self._counter)
+        entry.updated_at = max(_now_ms(), entry.updated_at)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _line(event: SessionEvent | dict[str, Any]) -> bytes:
@@ -222,6 +236,23 @@ class MemoryBackend:
             SessionSnapshot(header=_header(entry.header), revision=f"{self.store.token}:{entry.generation}")
             for entry in self.store._entries.values()
         ]
+
+    @property
+    def cursor_scope(self) -> str:
+        """Listing cursors belong to this store (a cursor from another store is refused)."""
+        return f"memory:{self.store.token}"
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """Every entry filtered, ordered and cut in memory (headers that do not decode are left out)."""
+        await anyio.lowlevel.checkpoint()
+        rows: builtins.list[SessionListing] = []
+        for entry in self.store._entries.values():
+            try:
+                header = _header(entry.header)
+            except (ValueError, msgspec.MsgspecError):
+                continue
+            rows.append(SessionListing(header, entry.updated_at, f"{self.store.token}:{entry.generation}"))
+        return page_of(rows, query)
 
     def locate(self, meta: SessionHeader) -> None:
         """No per-session artifact path: always ``None``."""
@@ -310,6 +341,31 @@ class MemoryBackend:
         entry.lines = [encode_event(e) for e in events]
         entry.torn = None
         self.store._bump(entry)
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        """Remove the entry in one step; unknown ids raise, a moved revision refuses (nothing removed)."""
+        await anyio.lowlevel.checkpoint()
+        self.store._require(session_id)
+        held = self.store._leases.get(session_id)
+        if held is not None:
+            raise SessionLockedError(session_id, held.holder)
+        if expected_revision is not None and self.store.revision(session_id) != expected_revision:
+            raise SessionChangedError(session_id)
+        del self.store._entries[session_id]
+
+    async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
+        """Replace the lines with ``events`` in one step iff the revision is still ``expected_revision``."""
+        await anyio.lowlevel.checkpoint()
+        session_id = storage.meta.id
+        entry = self.store._require(session_id)
+        if self.store.revision(session_id) != expected_revision:
+            raise SessionChangedError(session_id)
+        check_contiguous(session_id, 0, events)
+        entry.header = header_to_builtins(storage.meta)
+        entry.inherited_event_count = storage.inherited_event_count
+        entry.lines = [encode_event(e) for e in events]
+        entry.torn = None
+        entry.generation = next(self.store._counter)
 
     async def aclose(self) -> None:
         """Nothing to release."""

@@ -14,6 +14,7 @@ from ._errors import EXIT_DAMAGED, EXIT_OK, CliError
 from ._examine import SessionReport, examine
 from ._io import Io
 from ._output import human_size, local_time, table, write_json
+from ._salvage import salvage_events
 from ._transcript import render_transcript, transcript_entries
 from ._walk import closer_plan, report_json, walk
 
@@ -82,9 +83,15 @@ async def cmd_show(args: argparse.Namespace, stack: Stack, io: Io) -> int:
 
 
 async def cmd_export(args: argparse.Namespace, stack: Stack, io: Io) -> int:
-    """The decoded log, one JSON event per line: exactly what ``inspect`` returns (closers included)."""
-    inspection = await stack.coordinator.inspect(args.id)
-    lines = b"".join(encode_event(event) + b"\n" for event in inspection.events)
+    """The decoded log, one JSON event per line: exactly what ``inspect`` returns (closers included).
+
+    With ``--salvage`` a damaged log yields the events before its first damage instead of an error.
+    """
+    if getattr(args, "salvage", False):
+        events = await salvage_events(stack, args.id, io)
+    else:
+        events = list((await stack.coordinator.inspect(args.id)).events)
+    lines = b"".join(encode_event(event) + b"\n" for event in events)
     buffer = getattr(io.out, "buffer", None)
     if buffer is not None:
         io.out.flush()

@@ -20,7 +20,16 @@ from .._errors import SessionStorageError
 from .._host import Host
 from ._errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 
-__all__ = ["DEFAULT_BACKEND", "Stack", "build_backend", "default_root", "load_host", "open_stack", "resolve_root"]
+__all__ = [
+    "DEFAULT_BACKEND",
+    "Stack",
+    "build_backend",
+    "default_root",
+    "load_host",
+    "open_stack",
+    "require_root",
+    "resolve_root",
+]
 
 DEFAULT_BACKEND = "jsonl"
 ROOT_ENV = "DSH_SESSIONS_ROOT"
@@ -174,11 +183,34 @@ def select_backend(host: Host, name: str | None) -> tuple[str, type[object]]:
     return name, cls
 
 
+def require_root(cls: type[object], root: str, options: Mapping[str, str]) -> None:
+    """A backend that stores under the root needs it to exist: a typo must not look like an empty, healthy store.
+
+    Reading commands never create it (the backend creates it on the first write of a session).
+    """
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a class without an introspectable signature
+        return
+    if "root" not in params or "root" in options:
+        return
+    try:
+        os.stat(root)
+    except FileNotFoundError:
+        raise CliError(
+            f"session root {root} does not exist (check --root or ${ROOT_ENV}; reading never creates it)",
+            EXIT_UNAVAILABLE,
+        ) from None
+    except OSError as exc:
+        raise CliError(storage_message(exc, root), EXIT_UNAVAILABLE) from exc
+
+
 @asynccontextmanager
 async def open_stack(backend_name: str | None, root: str, options: Mapping[str, str]) -> AsyncIterator[Stack]:
     """Host + chosen backend + coordinator, closed on exit."""
     host = load_host()
     name, cls = select_backend(host, backend_name)
+    require_root(cls, root, options)
     backend = build_backend(name, cls, root, options)
     async with PersistenceCoordinator(host, backend) as coordinator:
         yield Stack(host=host, backend=backend, coordinator=coordinator, backend_name=name, root=root)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -52,18 +53,17 @@ READY_TIMEOUT_S = 60.0
 POLL_S = 0.01
 
 
-def _prepare_root(base: str) -> tuple[str, str]:
+def _prepare_root(root: str) -> tuple[str, str, str]:
+    """The session goes into ``root`` itself (so ``list`` on that root shows it) under a fresh id; the agent's
+    work directory (its ledger and outbox) is a fresh temporary directory outside the root."""
     try:
-        os.makedirs(base, mode=0o700, exist_ok=True)
+        os.makedirs(root, mode=0o700, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        root = tempfile.mkdtemp(prefix=f"demo-{stamp}-", dir=base)  # 0700, never reused
-        work = os.path.join(root, "demo-work")
-        os.mkdir(work, 0o700)
+        session_id = f"{SESSION_ID}-{stamp}-{secrets.token_hex(2)}"
+        work = tempfile.mkdtemp(prefix=f"dsh-demo-work-{stamp}-")  # 0700, never reused
     except OSError as exc:
-        raise CliError(
-            f"cannot create the demo directory under {base}: {exc.strerror or exc}", EXIT_UNAVAILABLE
-        ) from exc
-    return root, work
+        raise CliError(f"cannot prepare the demo under {root}: {exc.strerror or exc}", EXIT_UNAVAILABLE) from exc
+    return root, work, session_id
 
 
 def _child_log(work: str) -> str:
@@ -88,13 +88,23 @@ def _read_marker(path: str) -> str:
         return ""
 
 
-async def _run_and_kill(root: str, work: str, backend: str) -> tuple[int, int]:
+async def _run_and_kill(root: str, work: str, session_id: str, backend: str) -> tuple[int, int]:
     """Start the child, wait for its marker, SIGKILL it; returns ``(pid, returncode)``."""
     kill = getattr(signal, "SIGKILL", None)
     if kill is None:
         raise CliError("the demo needs POSIX signals (SIGKILL); it does not run on this platform", EXIT_DEMO_FAILED)
     marker = os.path.join(work, "marker")
-    argv = [sys.executable, "-m", "dsh.session_persistence._cli._demo_child", root, work, "--backend", backend]
+    argv = [
+        sys.executable,
+        "-m",
+        "dsh.session_persistence._cli._demo_child",
+        root,
+        work,
+        "--session-id",
+        session_id,
+        "--backend",
+        backend,
+    ]
     child = _spawn(argv, os.path.join(work, "child.log"))
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -157,23 +167,25 @@ def _repairs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
-    """Run the demo under a fresh directory inside ``base`` (the resolved ``--root``)."""
+    """Run the demo with its session stored in ``base`` (the resolved ``--root``) under a fresh id."""
     host = load_host()
     name, backend_cls = select_backend(host, "jsonl")
     if host.get_plugin(POLICY_PLUGIN) is None:
         raise CliError(
             "the demo needs the checkpoint policy: pip install dsh-session-checkpoint-policy", EXIT_UNAVAILABLE
         )
-    root, work = _prepare_root(base)
+    root, work, session_id = _prepare_root(base)
     out = io.out
     human = not args.json
     if human:
         out.write("dsh sessions demo: a scripted agent (no network, no API key) on the JSONL backend\n")
-        out.write(f"root: {root}\n\n")
+        out.write(f"root: {root}\n")
+        out.write(f"session: {session_id} (stored in that root: `dsh-sessions --root {root} list` shows it)\n")
+        out.write(f"work: {work} (the agent's ledger and outbox)\n\n")
         out.write("1. The agent runs in a child process: turn 1 asks for the weather; turn 2 asks it to pay a\n")
         out.write("   20 EUR deposit (pay_deposit) and then email the receipt (send_receipt).\n")
         out.flush()
-    pid, returncode = await _run_and_kill(root, work, args.child_backend)
+    pid, returncode = await _run_and_kill(root, work, session_id, args.child_backend)
     charged = _ledger(work)
     if human:
         out.write(f"2. Inside pay_deposit, after the payment hit the ledger ({', '.join(charged) or 'nothing'}), the\n")
@@ -183,7 +195,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
     backend: Any = backend_cls(root)  # type: ignore[call-arg]
     async with PersistenceCoordinator(host, backend) as coordinator:
         stack = Stack(host=host, backend=backend, coordinator=coordinator, backend_name=name, root=root)
-        before: SessionReport = await examine(stack, SESSION_ID)
+        before: SessionReport = await examine(stack, session_id)
         if before.status not in ("interrupted", "torn"):
             raise CliError(f"expected an interrupted session after the kill, found {before.status}", EXIT_DEMO_FAILED)
         if human:
@@ -196,7 +208,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
             host,
             store,
             coordinator,
-            SESSION_ID,
+            session_id,
             DemoModel(resume_script()),
             demo_tools(work),
             provider=PROVIDER,
@@ -206,19 +218,20 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
         await store.flush(loop.session)
         loop.close()
         store.dispose(loop.session)
-        after = await examine(stack, SESSION_ID)
+        after = await examine(stack, session_id)
     if after.status != "ok" or len(_ledger(work)) != 1:
         raise CliError(f"the resumed session is {after.status} with {len(_ledger(work))} charges", EXIT_DEMO_FAILED)
     entries = transcript_entries(after.events, after.stored_events)
     repairs = _repairs(entries)
     run = program()
-    commands = [f"{run} --root {root} list", f"{run} --root {root} show {SESSION_ID}", f"{run} --root {root} verify"]
+    commands = [f"{run} --root {root} list", f"{run} --root {root} show {session_id}", f"{run} --root {root} verify"]
     if args.json:
         write_json(
             out,
             {
                 "root": root,
-                "sessionId": SESSION_ID,
+                "sessionId": session_id,
+                "work": work,
                 "child": {"pid": pid, "returncode": returncode, "signal": "SIGKILL"},
                 "charges": len(_ledger(work)),
                 "resumedTurnEnd": end.reason.kind,

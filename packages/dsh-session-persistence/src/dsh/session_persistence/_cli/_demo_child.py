@@ -29,7 +29,7 @@ __all__ = ["main"]
 ORPHAN_EXIT = 3
 
 
-async def run(root: str, work: str) -> None:
+async def run(root: str, work: str, session_id: str = SESSION_ID) -> None:
     """Run turns 1 and 2; never returns normally (the parent kills the process inside turn 2)."""
     parent = os.getppid()
     marker = os.path.join(work, "marker")
@@ -51,8 +51,8 @@ async def run(root: str, work: str) -> None:
     store = SessionStore(host)
     backend: Any = host.dsh_session_backends()["jsonl"](root)  # type: ignore[call-arg]
     async with PersistenceCoordinator(host, backend):
-        meta = {"version": 0, "id": SESSION_ID, "createdAt": int(time.time() * 1000), "cwd": work, "isSeeded": False}
-        session = store.create(SESSION_ID, meta=meta)
+        meta = {"version": 0, "id": session_id, "createdAt": int(time.time() * 1000), "cwd": work, "isSeeded": False}
+        session = store.create(session_id, meta=meta)
         tools = demo_tools(work, after_payment=wait_for_the_kill)
         loop = AgentLoop(host, store, DemoModel(crash_script()), tools, provider=PROVIDER, model=MODEL, session=session)
         for text in USER_TURNS:
@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dsh.session_persistence._cli._demo_child")
     parser.add_argument("root")
     parser.add_argument("work")
+    parser.add_argument("--session-id", default=SESSION_ID)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     args = parser.parse_args(argv)
-    anyio.run(run, args.root, args.work, backend=args.backend)
+    anyio.run(run, args.root, args.work, args.session_id, backend=args.backend)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,14 @@ from typing import NoReturn
 import anyio
 
 from .._errors import (
+    LifecycleArgumentError,
     SessionFormatUnsupportedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
     SessionStorageError,
 )
-from ._commands import cmd_export, cmd_list, cmd_plugins, cmd_show, cmd_stats
+from ._commands import cmd_export, cmd_plugins, cmd_show, cmd_stats
 from ._context import ROOT_ENV, load_host, open_stack, parse_options, resolve_root, storage_message
 from ._errors import (
     EXIT_DAMAGED,
@@ -30,6 +31,9 @@ from ._errors import (
     CliError,
 )
 from ._io import Io
+from ._json_errors import error_code, wants_json, write_error_json
+from ._lifecycle_cmds import cmd_compact, cmd_prune, cmd_rm
+from ._list_cmd import cmd_list
 from ._verify import cmd_repair, cmd_verify
 
 if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
@@ -42,8 +46,10 @@ DEBUG_ENV = "DSH_SESSIONS_DEBUG"
 
 _EPILOG = f"""\
 root: --root, else ${ROOT_ENV}, else $XDG_DATA_HOME/dsh-sessions (~/.local/share/dsh-sessions).
-exit codes: 0 ok; 1 corrupt or unsupported data (verify: a session is not loadable); 2 usage error;
-3 session not found; 4 storage unavailable; 5 repair declined; 6 demo failed; 70 internal error.
+exit codes: 0 ok; 1 corrupt or unsupported data (verify: a session is not loadable), or a live or
+locked session; 2 usage error; 3 session not found; 4 storage unavailable (a missing root included);
+5 declined at the prompt; 6 demo failed; 70 internal error. With --json, errors are a JSON document
+on stdout: {{"error": {{"code": ..., "exit": ..., "message": ...}}}}.
 """
 
 
@@ -88,7 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
         _common(sub, top=False)
         return sub
 
-    command("list", "list sessions, newest first")
+    listing = command("list", "list sessions, most recent activity first (a page with --limit)")
+    listing.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="at most N sessions")
+    listing.add_argument("--cursor", default=None, help="continue after a previous page (its nextCursor)")
+    listing.add_argument(
+        "--order", choices=["recent", "created"], default="recent", help="by last activity (default) or creation"
+    )
+    listing.add_argument("--since", default=None, metavar="WHEN", help="active since a date (2026-01-31) or 7d ago")
+    listing.add_argument("--cwd", default=None, metavar="PATH", help="only sessions started in PATH")
+    listing.add_argument("--parent", default=None, metavar="ID", help="only sessions forked from ID")
     command("show", "print a readable transcript of one session").add_argument("id", help="session id")
     command("verify", "check integrity without modifying anything").add_argument(
         "id", nargs="?", default=None, help="session id (default: every session)"
@@ -101,12 +115,37 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="discard a damaged FINAL batch (printing what is lost first); damage elsewhere is never cut",
     )
-    command("export", "the decoded log as JSONL on stdout (what inspect returns)").add_argument("id", help="session id")
+    export = command("export", "the decoded log as JSONL on stdout (what inspect returns)")
+    export.add_argument("id", help="session id")
+    export.add_argument(
+        "--salvage", action="store_true", help="of a damaged log, the committed events before the first damage"
+    )
+    rm = command("rm", "delete sessions for good (durably; a live session is refused)")
+    rm.add_argument("ids", nargs="+", metavar="ID", help="session id")
+    rm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    prune = command("prune", "retention: delete sessions idle for longer than --older-than (dry run without a tty)")
+    prune.add_argument("--older-than", default=None, metavar="DURATION", help="e.g. 30d, 12h, 2w")
+    prune.add_argument("--keep-last", type=int, default=None, metavar="N", help="always keep the N most recent")
+    prune.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
+    prune.add_argument("-y", "--yes", action="store_true", help="delete without asking")
+    command("compact", "rewrite a closed session's log as one batch (same events)").add_argument(
+        "id", help="session id"
+    )
     command("stats", "counts, bytes and compression ratio")
     command("plugins", "loaded dsh.session plugins, their distributions and hooks")
     demo = command("demo", "run a scripted agent, SIGKILL it mid-tool, resume it and show the repaired transcript")
     demo.add_argument("--child-backend", choices=["asyncio", "trio"], default="asyncio", help=argparse.SUPPRESS)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _one_line(text: str) -> str:
@@ -120,8 +159,12 @@ def _classify(exc: BaseException, root: str | None) -> CliError | None:
         return exc
     if isinstance(exc, SessionNotFoundError):
         return CliError(str(exc), EXIT_NOT_FOUND)
+    if isinstance(exc, LifecycleArgumentError):
+        return CliError(str(exc), EXIT_USAGE)
     if isinstance(exc, SessionStorageError) and isinstance(exc.__cause__, OSError):
         return CliError(storage_message(exc.__cause__, root or "?"), EXIT_UNAVAILABLE)
+    if isinstance(exc, SessionStorageError):
+        return CliError(str(exc), EXIT_UNAVAILABLE)
     if isinstance(exc, (SessionFormatUnsupportedError, SessionPersistenceCorruptionError, SessionPersistenceError)):
         return CliError(str(exc), EXIT_DAMAGED)
     if isinstance(exc, OSError):
@@ -144,6 +187,9 @@ async def _dispatch(args: argparse.Namespace, io: Io) -> int:
         "repair": cmd_repair,
         "export": cmd_export,
         "stats": cmd_stats,
+        "rm": cmd_rm,
+        "prune": cmd_prune,
+        "compact": cmd_compact,
     }
     async with open_stack(args.backend, root, parse_options(args.backend_option)) as stack:
         return await handlers[args.command](args, stack, io)
@@ -152,6 +198,7 @@ async def _dispatch(args: argparse.Namespace, io: Io) -> int:
 def run(argv: list[str] | None, io: Io) -> int:
     """Parse ``argv`` and run the command; returns the exit code (never raises for expected failures)."""
     root: str | None = None
+    as_json = wants_json(argv)
     try:
         parser = build_parser()
         try:
@@ -162,6 +209,7 @@ def run(argv: list[str] | None, io: Io) -> int:
             parser.print_help(io.err)
             return EXIT_USAGE
         root = args.root
+        as_json = bool(getattr(args, "json", False))
         return anyio.run(_dispatch, args, io, backend="asyncio")
     except KeyboardInterrupt:
         io.err.write(f"{PROG}: interrupted\n")
@@ -175,6 +223,9 @@ def run(argv: list[str] | None, io: Io) -> int:
         if not isinstance(exc, Exception) and not isinstance(exc, BaseExceptionGroup):
             raise
         error = _classify(exc, root)
+        if as_json:
+            message = _one_line(str(error if error is not None else f"internal error: {type(exc).__name__}: {exc}"))
+            write_error_json(io.out, error_code(error, exc), EXIT_INTERNAL if error is None else error.code, message)
         if error is None:
             io.err.write(f"{PROG}: internal error: {type(exc).__name__}: {_one_line(str(exc))}\n")
             if os.environ.get(DEBUG_ENV):

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from .._errors import SessionLockedError
 from ._context import Stack
 from ._discard import discard_damaged_tail
 from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_OK, EXIT_USAGE, CliError
 from ._examine import SessionReport, examine
 from ._io import Io
 from ._output import write_json
-from ._walk import closer_plan, report_json, walk
+from ._verify_walk import verify_walk
+from ._walk import closer_plan, report_json
 
 __all__ = ["cmd_repair", "cmd_verify"]
 
@@ -38,7 +40,7 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if args.id is not None:
         reports = [await examine(stack, args.id)]
     else:
-        reports = await walk(stack, io, "verifying sessions")
+        reports = await verify_walk(stack, io)
     bad = [r for r in reports if not r.recoverable]
     code = EXIT_DAMAGED if bad else EXIT_OK
     summary = Counter(r.status for r in reports)
@@ -85,6 +87,16 @@ def _confirm(io: Io, session_id: str) -> bool:
     return answer in ("y", "yes")
 
 
+async def _take_lease(stack: Stack, report: SessionReport) -> None:
+    """Repair is a writer: it holds the session's writer lease, and a live writer makes it fail, named."""
+    if report.header is None:
+        return
+    try:
+        await stack.coordinator._take_writer_lease(report.header)
+    except SessionLockedError as exc:
+        raise CliError(f"cannot repair: {exc}; stop that writer first (nothing was written)", EXIT_DAMAGED) from exc
+
+
 async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Say what a cold load will commit, confirm, then load (which commits the repair)."""
     report = await examine(stack, args.id)
@@ -103,6 +115,7 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if discarded is not None:
         plan.insert(0, f"discarded {discarded}")
     if not plan:
+        await _take_lease(stack, report)
         if args.json:
             write_json(io.out, {"id": report.id, "plan": [], "repaired": False, "events": report.stored_events})
         else:
@@ -115,6 +128,7 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         io.out.flush()
     if not args.yes and discarded is None and not _confirm(io, report.id):
         raise CliError("repair declined; nothing was written", EXIT_DECLINED)
+    await _take_lease(stack, report)
     view = await stack.coordinator.load(args.id)
     after = await examine(stack, args.id)
     if after.status != "ok":  # pragma: no cover - the coordinator re-reads after committing

@@ -56,7 +56,11 @@ def closer_plan(report: SessionReport) -> list[str]:
     if torn is not None:
         size = f"{torn.bytes} bytes" if torn.bytes is not None else "the bytes"
         where = f" at the end of {report.location}" if report.location else ""
-        lines.append(f"truncate a torn tail ({size}{where}): a write that was never acknowledged as durable")
+        # Honest about what the bytes can tell: an unfinished final write looks the same as a file cut short.
+        lines.append(
+            f"truncate a torn tail ({size}{where}) after the last complete batch: an unfinished write, as a "
+            "crash mid-append leaves, or a file cut short from outside (then whatever followed the cut is gone)"
+        )
         if torn.recovered_events:
             lines.append(f"re-append the {torn.recovered_events} complete event(s) found in that tail")
     for event in report.closers:

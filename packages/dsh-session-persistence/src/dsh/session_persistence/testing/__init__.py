@@ -56,6 +56,7 @@ _KIT_MODULES = {
     "BackendConformance": "_conformance",
     "CrashBackend": "_crash_kit",
     "CrashStateConformance": "_crash_kit",
+    "LifecycleConformance": "_lifecycle_conformance",
     "PrimitiveFaultConformance": "_primitive_kit",
     "StorageContractConformance": "_storage_kit",
 }
@@ -70,7 +71,8 @@ def __getattr__(name: str) -> object:
     import pytest
 
     # Plain asserts in the kit get pytest's detailed failure messages; must run before any kit module is imported.
-    pytest.register_assert_rewrite(*sorted({f"{__name__}.{m}" for m in _KIT_MODULES.values()}))
+    modules = {*_KIT_MODULES.values(), "_conformance_writers"}  # the last one is mixed into BackendConformance
+    pytest.register_assert_rewrite(*sorted(f"{__name__}.{m}" for m in modules))
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
@@ -90,6 +92,7 @@ __all__ = [
     "FaultRule",
     "HangResponse",
     "InjectedFault",
+    "LifecycleConformance",
     "ManualScheduler",
     "Opened",
     "PrimitiveFaultConformance",

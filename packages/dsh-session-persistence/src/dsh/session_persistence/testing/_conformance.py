@@ -17,7 +17,10 @@ method a subclass may override:
   (default: skip the torn-tail tests);
 * ``plant_raw(backend, storage, events)``: store a header and events verbatim, bypassing the coordinator's
   checks (default: the backend's own ``append_batch``; override if it validates, or skip);
-* ``supports_truncate``: ``None`` (default) detects the optional ``rewrite`` primitive.
+* ``supports_truncate``: ``None`` (default) detects the optional ``rewrite`` primitive;
+* ``process_backend_factory`` (a fixture): a picklable factory building the backend over the same storage in
+  another process, for the cross-process writer cases (default ``None``: skipped);
+* ``lease_holder_names_pid``: set ``True`` when ``SessionLockedError.holder`` names the holding process.
 
 Write failures are injected by :class:`~dsh.session_persistence.testing.FaultInjectingBackend`, a wrapper that
 works for every backend. Every async test runs on asyncio and trio: the class provides its own
@@ -70,7 +73,9 @@ from .._header import SESSION_FORMAT_VERSION, SessionHeader, header_to_builtins
 from .._host import Host
 from .._repair import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN
 from .._session import Session
+from ._conformance_writers import WriterConformance
 from ._faults import FaultInjectingBackend, InjectedFault
+from ._lifecycle_conformance import LifecycleConformance
 from ._logs import (
     WORK,
     assistant_message,
@@ -121,8 +126,13 @@ def _ids_of(headers: Sequence[Any]) -> list[str]:
     return [h.id for h in headers]
 
 
-class BackendConformance:
-    """Base class of a backend's conformance tests (not collected by itself: its name does not start with Test)."""
+class BackendConformance(WriterConformance, LifecycleConformance):
+    """Base class of a backend's conformance tests (not collected by itself: its name does not start with Test).
+
+    The one-writer, in-doubt and storage-level cases come from
+    :class:`~dsh.session_persistence.testing._conformance_writers.WriterConformance`; deletion, paged listing,
+    retention and compaction from the lifecycle mixin.
+    """
 
     pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]
 

@@ -1,0 +1,28 @@
+"""The errors this backend adds to the core vocabulary (all :class:`SessionPersistenceError` subclasses)."""
+
+from __future__ import annotations
+
+from ._core import SessionFormatUnsupportedError, SessionPersistenceError
+
+__all__ = ["PostgresConfigurationError", "SchemaVersionError", "WeakDurabilityError"]
+
+
+class PostgresConfigurationError(SessionPersistenceError, ValueError):
+    """The backend was given settings it cannot use (a schema name PostgreSQL would alter, a bad timeout)."""
+
+
+class WeakDurabilityError(SessionPersistenceError):
+    """The server acknowledges commits it may lose (``fsync`` or ``synchronous_commit`` off) and the caller did
+    not opt in with ``allow_weak_durability=True``. ``settings`` maps each weakened setting to its value."""
+
+    def __init__(self, message: str, settings: dict[str, str]) -> None:
+        super().__init__(message)
+        self.settings = settings
+
+
+class SchemaVersionError(SessionFormatUnsupportedError):
+    """The database holds a dsh schema version this build cannot use (newer, or unknown)."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version

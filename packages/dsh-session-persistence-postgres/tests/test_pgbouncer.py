@@ -1,0 +1,63 @@
+"""Behind pgbouncer in transaction mode: clients share two server connections, statement by transaction.
+
+With ``connection_kwargs={"prepare_threshold": None}`` (no server-side prepared statements, which a server
+connection handed to another client would not have) every primitive works: each is one transaction, its
+timeouts are ``SET LOCAL`` (never session state that would leak to another client), and nothing relies on
+session-level state.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from dsh.session_persistence.backend import StorageMetadata
+from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
+from dsh.session_persistence_postgres import PostgresBackend
+
+from ._pgbouncer import Bouncer, running_bouncer
+from ._pgserver import PgCluster
+
+pytestmark = pytest.mark.anyio
+
+TRANSACTION_MODE = {"prepare_threshold": None}
+
+
+@pytest.fixture(scope="module")
+def bouncer(pg_cluster: PgCluster) -> Iterator[Bouncer]:
+    with running_bouncer(pg_cluster, pool_size=2) as b:
+        yield b
+
+
+async def test_many_clients_share_two_server_connections(bouncer: Bouncer) -> None:
+    schema = f"bouncer_{uuid.uuid4().hex[:10]}"
+    backends = [
+        PostgresBackend(bouncer.dsn, schema=schema, connection_kwargs=TRANSACTION_MODE, max_size=2) for _ in range(4)
+    ]
+    rounds = 12
+
+    async def writer(index: int, backend: PostgresBackend) -> None:
+        storage = StorageMetadata(meta(f"b{index}"))
+        await backend.append_batch(storage, one_turn_log(), False)
+        for n in range(rounds):
+            await backend.append_batch(storage, simple_turn(6 + 3 * n, n + 2), True)
+            stored = await backend.load_stored_from(f"b{index}", 6 + 3 * n)
+            assert stored is not None and list(stored.events) == simple_turn(6 + 3 * n, n + 2)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for index, backend in enumerate(backends):
+                tg.start_soon(writer, index, backend)
+        expected = one_turn_log() + [e for n in range(rounds) for e in simple_turn(6 + 3 * n, n + 2)]
+        for index in range(len(backends)):
+            stored = await backends[0].load_stored(f"b{index}")
+            assert stored is not None and list(stored.events) == expected
+        assert sorted(h.id for h in await backends[1].list()) == [f"b{i}" for i in range(len(backends))]
+        await backends[2].rewrite(StorageMetadata(meta("b0")), one_turn_log())
+        rewritten = await backends[3].load_stored("b0")
+        assert rewritten is not None and list(rewritten.events) == one_turn_log()
+    finally:
+        for backend in backends:
+            await backend.aclose()

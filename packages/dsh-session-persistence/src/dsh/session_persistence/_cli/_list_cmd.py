@@ -1,0 +1,180 @@
+"""``list``: a page of sessions, most recent activity first, with a title and a turn count.
+
+With a backend that pages (``SupportsListPage``) only the sessions of the page are read; ``--limit`` and
+``--cursor`` walk a large root a page at a time. A backend without paging falls back to reading every session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from typing import Any
+
+from .._backend import StoredArtifact, SupportsArtifactScan, SupportsListPage
+from .._errors import SessionNotFoundError
+from .._events import SessionEvent, TextBlock
+from .._listing import SessionListing
+from ._context import Stack
+from ._errors import EXIT_OK, EXIT_USAGE, CliError
+from ._examine import SessionReport, examine
+from ._io import Io
+from ._output import Progress, human_size, iso_time, local_time, table, write_json
+from ._walk import report_json, walk
+from ._when import parse_since
+
+__all__ = ["cmd_list", "session_summary"]
+
+TITLE_WIDTH = 60
+CHUNK_TYPE = "assistant/chunk"
+
+
+def _title(events: tuple[SessionEvent, ...]) -> str | None:
+    for event in events:
+        if event.type == "user/message":
+            content = getattr(event.data, "content", ())
+            texts = [block.text for block in content if isinstance(block, TextBlock)]
+            text = " ".join(" ".join(texts).split())
+            if text:
+                return text
+    return None
+
+
+def session_summary(report: SessionReport) -> dict[str, Any]:
+    """Turns, streamed chunks and the first user message of a readable session (``None`` when unreadable)."""
+    if report.inspection is None:
+        return {"turns": None, "chunks": None, "title": None}
+    stored = report.events[: report.stored_events or 0]
+    return {
+        "turns": sum(1 for e in stored if e.type == "turn/start"),
+        "chunks": sum(1 for e in stored if e.type == CHUNK_TYPE),
+        "title": _title(stored),
+    }
+
+
+def _cwd_filter(args: argparse.Namespace) -> str | None:
+    # Pure string work (no I/O): `--cwd .` means the directory the operator is in.
+    return None if args.cwd is None else os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(args.cwd)))
+
+
+def _short(text: str | None) -> str:
+    if not text:
+        return "-"
+    return text if len(text) <= TITLE_WIDTH else text[: TITLE_WIDTH - 1] + "…"
+
+
+async def _paged(args: argparse.Namespace, stack: Stack, io: Io) -> tuple[list[tuple[SessionReport, int]], str | None]:
+    since = None if args.since is None else parse_since(args.since)
+    cwd = _cwd_filter(args)
+    page = await stack.coordinator.list_page(
+        limit=args.limit, cursor=args.cursor, order=args.order, cwd=cwd, parent=args.parent, since=since
+    )
+    progress = Progress(io.err, "reading sessions", len(page.entries))
+    out: list[tuple[SessionReport, int]] = []
+    try:
+        for done, row in enumerate(page.entries, 1):
+            report = await _examine_row(stack, row)
+            if report is not None:
+                out.append((report, row.updated_at))
+            progress.update(done)
+    finally:
+        progress.done()
+    return out, page.next_cursor
+
+
+async def _examine_row(stack: Stack, row: SessionListing) -> SessionReport | None:
+    with contextlib.suppress(SessionNotFoundError):  # deleted since the listing: not an error
+        return await examine(stack, row.header.id, row.header)
+    return None
+
+
+async def _unpaged(args: argparse.Namespace, stack: Stack, io: Io) -> list[tuple[SessionReport, int]]:
+    if args.cursor is not None or args.since is not None or args.order != "recent":
+        raise CliError(
+            f'the "{stack.backend_name}" backend cannot page or order by activity (--cursor, --since, --order)',
+            EXIT_USAGE,
+        )
+    reports = await walk(stack, io, "reading sessions")
+    cwd = _cwd_filter(args)
+    kept = [
+        r
+        for r in reports
+        if (cwd is None or (r.header is not None and r.header.cwd == cwd))
+        and (args.parent is None or (r.header is not None and r.header.parent_session == args.parent))
+    ]
+    rows = [(r, r.last_activity_ms or 0) for r in kept]
+    return rows if args.limit is None else rows[: args.limit]
+
+
+async def _unreadable(
+    args: argparse.Namespace, stack: Stack, rows: list[tuple[SessionReport, int]], complete: bool
+) -> list[StoredArtifact]:
+    """Stored artifacts the listing left out because they cannot be read (only known for a whole, unfiltered list)."""
+    backend = stack.backend
+    filtered = args.cwd is not None or args.parent is not None or args.since is not None or args.cursor is not None
+    if not complete or filtered or not isinstance(backend, SupportsArtifactScan):
+        return []
+    listed = {report.id for report, _ in rows}
+    return [a for a in await backend.list_artifacts() if a.session_id not in listed]
+
+
+async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
+    """Sessions, most recent activity first: id, last activity, turns, events, size, status, cwd, title."""
+    if isinstance(stack.backend, SupportsListPage):
+        rows, next_cursor = await _paged(args, stack, io)
+    else:
+        rows, next_cursor = await _unpaged(args, stack, io), None
+    unreadable = await _unreadable(args, stack, rows, next_cursor is None)
+    if unreadable:
+        names = ", ".join(a.session_id or a.location for a in unreadable)
+        io.err.write(
+            f"dsh-sessions: warning: {len(unreadable)} stored session(s) cannot be read and are not listed "
+            f"(run `dsh-sessions verify`): {names}\n"
+        )
+    if args.json:
+        sessions = []
+        for report, updated_at in rows:
+            document = report_json(report)
+            document.update(session_summary(report))
+            document["updatedAt"] = updated_at
+            document["updated"] = iso_time(updated_at)
+            sessions.append(document)
+        write_json(
+            io.out,
+            {
+                "root": stack.root,
+                "backend": stack.backend_name,
+                "sessions": sessions,
+                "nextCursor": next_cursor,
+                "unreadable": [{"id": a.session_id, "location": a.location} for a in unreadable],
+            },
+        )
+        return EXIT_OK
+    if not rows:
+        readable = "readable " if unreadable else ""
+        io.out.write(f"no {readable}sessions under {stack.root} (backend {stack.backend_name})\n")
+        return EXIT_OK
+    table_rows = []
+    for report, updated_at in rows:
+        summary = session_summary(report)
+        header = report.header
+        cwd = header.cwd if header is not None and isinstance(header.cwd, str) else "-"
+        stored = report.stored_events
+        events = "?" if stored is None or summary["chunks"] is None else str(stored - summary["chunks"])
+        turns = "?" if summary["turns"] is None else str(summary["turns"])
+        table_rows.append(
+            [
+                report.id,
+                local_time(updated_at),
+                turns,
+                events,
+                human_size(report.size),
+                report.status,
+                cwd,
+                _short(summary["title"]),
+            ]
+        )
+    table(io.out, ["ID", "LAST ACTIVITY", "TURNS", "EVENTS", "SIZE", "STATUS", "CWD", "TITLE"], table_rows)
+    if next_cursor is not None:
+        io.out.write(f"more sessions: add --cursor {next_cursor}\n")
+    return EXIT_OK
