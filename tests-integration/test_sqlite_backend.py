@@ -6,6 +6,7 @@ and cancellation inside its primitives, and the opt-in crash-state harness. The 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,10 @@ class TestSqliteConformance(BackendConformance):
     @pytest.fixture
     def backend_factory(self, tmp_path: Path) -> Any:
         return lambda: SqliteBackend(tmp_path / "store")
+
+    @pytest.fixture
+    def process_backend_factory(self, tmp_path: Path) -> Any:
+        return functools.partial(SqliteBackend, tmp_path / "store")
 
 
 class TestSqliteStorageContract(StorageContractConformance):

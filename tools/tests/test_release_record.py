@@ -111,3 +111,25 @@ def test_every_package_has_a_changelog_entry_for_its_version_and_its_releases(di
             assert entry["version"] in versions, (
                 f"packages/{dist}/CHANGELOG.md has no entry for release {entry['version']}"
             )
+
+
+def test_a_package_changed_since_its_release_has_a_new_version() -> None:
+    """A version names one build: once a package's code or metadata differs from its newest release, its version
+    must move past that release (the changelog then says what changed)."""
+    newest: dict[str, dict[str, Any]] = {}
+    for entry in RELEASES:
+        if entry["distribution"] not in newest or Version(entry["version"]) > Version(
+            newest[entry["distribution"]]["version"]
+        ):
+            newest[entry["distribution"]] = entry
+    for dist, entry in sorted(newest.items()):
+        if not (REPO / "packages" / dist).is_dir():
+            continue
+        paths = [f"packages/{dist}/src", f"packages/{dist}/pyproject.toml"]
+        diff = _git("diff", "--quiet", entry["commit"], "--", *paths)
+        assert diff.returncode in (0, 1), diff.stderr
+        if diff.returncode == 1:
+            assert Version(_current_version(dist)) > Version(entry["version"]), (
+                f"packages/{dist} changed since its release {entry['version']} ({entry['commit'][:12]}) "
+                "but still says that version: bump it and add a changelog entry"
+            )

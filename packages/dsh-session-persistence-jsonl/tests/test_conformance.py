@@ -35,6 +35,7 @@ class TestJsonlConformance(BackendConformance):
     def process_backend_factory(self, tmp_path: Path, compression: str) -> object:
         return functools.partial(JsonlBackend, tmp_path / "root", compression=compression)
 
+    @pytest.fixture
     def other_backend_factory(self, tmp_path: Path, compression: str) -> object:
         return lambda: JsonlBackend(tmp_path / "other-root", compression=compression)  # type: ignore[arg-type]
 

@@ -5,8 +5,8 @@ Log format v1 (declared batches, what this build writes):
 * every cut offset inside the last batch loads as exactly the committed prefix plus a torn marker (a cut at
   the batch boundary looks like one batch fewer, and is nothing else); repair then leaves the committed bytes
   plus the closers, and a second load changes nothing;
-* a tail of zeros where the size reached the disk but the bytes did not (from the batch start, or from inside
-  its declaration) is a torn tail, never damage;
+* a tail of zeros where the size reached the disk but the bytes did not (from any offset of the last batch:
+  its start, inside its declaration, inside its data) is a torn tail, never damage;
 * every single-byte flip anywhere in the file, header and last batch included, is refused as damage:
   0 silent (no flip is harmless either: every byte is covered by a CRC-32).
 
@@ -38,6 +38,7 @@ from ._formats import pairs, write_v0
 from ._sessions import storage, turn_batches
 
 LONG = os.environ.get("DSH_LONG") == "1"
+SECTOR = 512
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(3600 if LONG else 300)]
 
 TURNS, TOKENS = (6, 40) if LONG else (3, 12)
@@ -137,17 +138,39 @@ async def test_v1_every_cut_of_the_last_batch_is_the_committed_prefix_plus_a_tea
 
 
 async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compression: str) -> None:
-    """The size reached the disk, the bytes did not: zeros from the batch start or from inside its declaration."""
+    """The size reached the disk, the bytes did not: zeros from any offset of the last batch to the end.
+
+    Zeros from the batch start or inside its declaration, or data turning to zeros from a sector boundary, are a
+    torn write; a batch missing only its last byte is restored (the CRC finds the byte) and kept, whichever it
+    was. Zeros that start and end inside one sector of the data are damage (no crash leaves that).
+    """
     backend, st, batches, path, last_start = await _build(tmp_path, compression)
     full = path.read_bytes()
     committed = [e for b in batches[:-1] for e in b]
     last = pairs(full, compression)[-1]
     assert last.start == last_start
-    for zero_from in range(last_start, last.data_start):
-        tail = full[last_start:zero_from] + b"\0" * (len(full) - zero_from)
-        log = _decode(backend, path, full[:last_start] + tail)
-        assert log.events == committed, zero_from
-        assert log.torn is not None and log.torn.truncate_to == last_start, zero_from
+    assert full[-2:].count(0) == 0  # committed data never ends in zeros
+    outcomes = {"torn": 0, "restored": 0, "damage": 0}
+    for zero_from in range(last_start, len(full)):
+        state = full[:zero_from] + b"\0" * (len(full) - zero_from)
+        zeros = len(state.rstrip(b"\0"))  # where the run of zeros really starts
+        sector_crossed = -(-zeros // SECTOR) * SECTOR < len(full)
+        if zero_from < last.data_start or zero_from == len(full) - 1 or sector_crossed:
+            log = _decode(backend, path, state)
+            assert log.torn is not None and log.torn.truncate_to == last_start, zero_from
+            if zero_from == len(full) - 1:
+                assert log.events == committed + batches[-1]
+                assert log.torn.recovered_events == batches[-1]
+                outcomes["restored"] += 1
+            else:
+                assert log.events == committed, zero_from
+                assert log.torn.recovered_events == []
+                outcomes["torn"] += 1
+        else:
+            with pytest.raises(SessionPersistenceError, match="fails its CRC"):
+                _decode(backend, path, state)
+            outcomes["damage"] += 1
+    assert outcomes["torn"] > outcomes["damage"] and outcomes["restored"] == 1, outcomes
     # Zeros past a whole batch, of any length (a later append's size without its bytes).
     for extra in (1, 31, 32, 4096, 70_000):
         log = _decode(backend, path, full + b"\0" * extra)
@@ -160,7 +183,7 @@ async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compress
 def _flip_sweep(
     backend: JsonlBackend, path: Path, full: bytes, offsets: range, everything: list[Any]
 ) -> dict[str, int]:
-    stats = {"damage": 0, "refused": 0, "unchanged": 0, "silent": 0}
+    stats = {"damage": 0, "refused": 0, "unchanged": 0, "restored": 0, "silent": 0}
     masks = MASKS if LONG else None
     for offset in offsets:
         for mask in masks or (MASKS[offset % len(MASKS)],):
@@ -176,6 +199,8 @@ def _flip_sweep(
                 continue
             if log.events == everything and log.torn is None:
                 stats["unchanged"] += 1
+            elif log.events == everything and log.torn is not None and log.torn.recovered_events:
+                stats["restored"] += 1  # the last byte zeroed: found again by the CRC and kept (harmless)
             else:
                 stats["silent"] += 1
                 stats.setdefault("first_silent_offset", offset)
@@ -189,8 +214,9 @@ async def test_v1_every_flipped_byte_is_refused_as_damage(tmp_path: Path, compre
     full = path.read_bytes()
     stats = _flip_sweep(backend, path, full, range(len(full)), everything)
     assert stats["silent"] == 0, stats
-    assert stats["unchanged"] == 0, stats  # not even a harmless flip: every byte is checked
-    assert stats["damage"] + stats["refused"] == len(full) * (len(MASKS) if LONG else 1), stats
+    assert stats["unchanged"] == 0, stats  # every byte is checked: no flip goes unnoticed
+    total = len(full) * (len(MASKS) if LONG else 1)
+    assert stats["damage"] + stats["refused"] + stats["restored"] == total, stats
     assert path.read_bytes() == full
 
 
@@ -221,3 +247,23 @@ async def test_v0_flips_in_complete_frames_are_refused(tmp_path: Path) -> None:
     full = path.read_bytes()
     stats = _flip_sweep(backend, path, full, range(last_start), everything)
     assert stats["silent"] == 0, stats
+
+
+def test_a_compressed_batch_that_would_end_in_zeros_is_stored_raw() -> None:
+    """The writer's half of the zero-tail rule: no declared zstd batch ends in a zero byte."""
+    import zstandard
+    from dsh.session_persistence_jsonl._batches import encode_declared_batch
+    from dsh.session_persistence_jsonl._frames import compress_frame
+
+    found = 0
+    for n in range(4000):
+        plaintext = b'{"type":"x","n":%d}\n' % n
+        pair = encode_declared_batch("zstd", 0, 1, plaintext)
+        assert 0 not in pair[-2:], n
+        data = pair[32:]
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            assert reader.read() == plaintext
+        if 0 in compress_frame(plaintext)[-2:]:
+            found += 1
+            assert data.endswith(b"}\n")  # the stored (raw-block) frame
+    assert found > 0  # the fallback was exercised

@@ -11,12 +11,17 @@ from dsh.session_persistence_postgres import PostgresBackend
 
 
 class TestPostgresConformance(BackendConformance):
-    """Every storage-contract, host, fault, race and property scenario of the kit; each test its own schema."""
+    """Every storage-contract, host, fault, race and property scenario of the kit; each test its own schema.
+
+    Run with ``writer_lease=True``: the kit's one-writer cases need a lease that excludes (the default lease is a
+    no-op, and a second writer is refused by the compare-and-set at its first write instead; the storage-level
+    cases prove that part).
+    """
 
     @pytest.fixture
     def backend_factory(self, postgres_dsn: str) -> BackendFactory:
         schema = f"conf_{uuid.uuid4().hex[:16]}"
-        return lambda: PostgresBackend(postgres_dsn, schema=schema)
+        return lambda: PostgresBackend(postgres_dsn, schema=schema, writer_lease=True)
 
     async def test_same_id_header_materialization_race(self, conformance: ConformanceRig) -> None:
         """The kit's scenario with both live sessions' initialization settled before the first materializes.

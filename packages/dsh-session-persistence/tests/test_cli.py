@@ -527,3 +527,61 @@ def test_console_script_entry_point() -> None:
     main: Callable[..., int] = script.load()
     assert main is _main.main
     assert sys.modules["dsh.session_persistence._cli"].main is main
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# damage is never cut silently: repair --discard-damaged-tail, and unlistable headers
+
+
+_DECLARATION = b"\x5d\x2a\x4d\x18"  # a JSONL v1 batch declaration (a zstd skippable frame)
+
+
+def flip_in_batch(path: Path, index: int) -> None:
+    """Flip a byte inside the data of the ``index``-th declared pair (0 = header, -1 = the last batch)."""
+    data = bytearray(path.read_bytes())
+    starts = [i for i in range(len(data) - 3) if data[i : i + 4] == _DECLARATION]
+    start = starts[index]
+    end = starts[index + 1] if index != -1 and index + 1 < len(starts) else len(data)
+    data[(start + 32 + end) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_final_batch_is_discarded_only_on_the_explicit_flag(root: Path) -> None:
+    path = transcript(root, "done")
+    flip_in_batch(path, -1)
+    damaged = path.read_bytes()
+    verify = cli("--root", str(root), "verify", "done")
+    assert verify.code == 1 and "CORRUPT" in verify.out and "fails its CRC" in verify.out
+    refused = cli("--root", str(root), "repair", "done", "--yes")
+    assert refused.code == 1
+    assert "--discard-damaged-tail done" in one_error_line(refused)
+    assert path.read_bytes() == damaged  # plain repair never cuts damage
+    declined = cli("--root", str(root), "repair", "done", "--discard-damaged-tail", tty=True, stdin="n\n")
+    assert declined.code == 5 and path.read_bytes() == damaged
+    assert "3 event(s), seqs 3..5" in declined.out  # what would be lost is printed before asking
+    done = cli("--root", str(root), "repair", "done", "--discard-damaged-tail", "--yes")
+    assert done.code == 0, done.err
+    assert "discarding will permanently lose the final batch" in done.out and "3 event(s), seqs 3..5" in done.out
+    assert cli("--root", str(root), "verify", "done").code == 0
+    events = inspect_events(root, "done")
+    assert [e["seq"] for e in events[:3]] == [0, 1, 2] and events[-1]["type"] == "turn/end"
+
+
+def test_damage_before_the_final_batch_is_never_discarded(root: Path) -> None:
+    path = transcript(root, "done")
+    flip_in_batch(path, 1)  # the first event batch: a valid batch follows it
+    before = snapshot(root)
+    result = cli("--root", str(root), "repair", "done", "--discard-damaged-tail", "--yes")
+    assert result.code == 1
+    assert "not confined to the final batch" in one_error_line(result)
+    assert snapshot(root) == before
+
+
+def test_a_damaged_header_is_reported_not_fatal_for_the_root(root: Path) -> None:
+    flip_in_batch(transcript(root, "crashed"), 0)
+    listed = cli("--root", str(root), "list", "--json")
+    assert listed.code == 0
+    status = {s["id"]: s["status"] for s in listed.json()["sessions"]}
+    assert status == {"done": "ok", "crashed": "corrupt"}
+    verify = cli("--root", str(root), "verify")
+    assert verify.code == 1 and "CORRUPT      crashed:" in verify.out and "header data fails its CRC" in verify.out

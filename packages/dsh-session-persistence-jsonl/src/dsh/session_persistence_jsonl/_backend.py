@@ -12,7 +12,7 @@ import builtins
 import errno
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import ClassVar, TypeVar
 
 import anyio
@@ -68,6 +68,7 @@ from ._fs import (
     stable_read,
     truncate_durable,
 )
+from ._held_append import HeldAppender
 from ._layout import Compression, project_dir_name, session_segment, transcript_path
 from ._lease import JsonlWriterLease, acquire_lease
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
@@ -75,6 +76,7 @@ from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header
 from ._salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
 from ._seq_guard import NextSeqCache, check_continues
+from ._stream import DeclaredStream, open_stream
 from ._upgrade import current_header, declared_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
@@ -151,6 +153,8 @@ class JsonlBackend:
         self._declared: set[str] = set()
         # The next seq of each transcript as this instance last saw it, so an append at a wrong seq is refused.
         self._next_seqs = NextSeqCache()
+        # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
+        self._appenders: dict[str, HeldAppender] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -319,6 +323,46 @@ class JsonlBackend:
         if from_seq < 0:
             raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
         return await self._run(lambda: self._read_suffix(session_id, from_seq), "reading the session log")
+
+    async def iter_stored(self, session_id: str, from_seq: int) -> AsyncIterator[StoredSuffix]:
+        """Stream the events with ``seq >= from_seq``: a v1 log is walked by its declarations, one bounded run
+        (about 4,096 events) per worker-thread call, reading only the batches from ``from_seq`` on; a v0 log is
+        read whole (its frames declare nothing to seek by). The log is read as it was when the stream opened."""
+        if from_seq < 0:
+            raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
+
+        def start() -> DeclaredStream | StoredSuffix:
+            path = self._find(session_id)
+            if path is None:
+                raise SessionNotFoundError(session_id)
+            try:
+                stream = open_stream(path, self.compression, self.max_batch_bytes, from_seq, _checkpoint)
+            except FileNotFoundError:
+                raise SessionNotFoundError(session_id) from None
+            if stream is None:
+                suffix = self._read_suffix(session_id, from_seq)
+                if suffix is None:
+                    raise SessionNotFoundError(session_id)
+                return suffix
+            try:
+                check_identity(self.root, self.compression, path, stream.header, session_id)
+            except BaseException:
+                stream.close()
+                raise
+            return stream
+
+        opened = await self._run(start, "reading the session log")
+        if isinstance(opened, StoredSuffix):
+            yield opened
+            return
+        stream = opened
+        try:
+            meta, cut = stream.header, stream.inherited_event_count
+            yield StoredSuffix(meta, cut, [])
+            while (run := await self._run(stream.next_run, "reading the session log")) is not None:
+                yield StoredSuffix(meta, cut, run)
+        finally:
+            stream.close()
 
     async def read_stored_revision(self, session_id: str) -> str | None:
         """The transcript's current stat revision, ``None`` if absent (also when it vanishes after lookup)."""
@@ -520,7 +564,11 @@ class JsonlBackend:
                 check_continues(storage.meta.id, next_seq, batch)
                 data = self._encode_batch(batch)
                 self._next_seqs.forget(path)
-                append_durable(path, data)
+                appender = self._appenders.get(path)
+                if appender is None:
+                    append_durable(path, data)
+                else:
+                    appender.append(path, st, data)
                 self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
             else:
                 self._next_seqs.forget(path)
@@ -591,18 +639,23 @@ class JsonlBackend:
     async def discard_damaged_tail(self, session_id: str, tail: DamagedTail) -> None:
         """Cut the file at ``tail.start``, only if it still holds exactly that damaged final batch.
 
-        The operator's explicit step (``dsh-sessions repair --discard-damaged-tail``, under the writer lease):
-        load and crash repair never cut damage.
+        The operator's explicit step (``dsh-sessions repair --discard-damaged-tail``), taken under the session's
+        writer lease (refused while a writer holds it): load and crash repair never cut damage.
         """
 
         def work() -> None:
-            current = self._damaged_tail_sync(session_id)
-            if current != tail:
-                raise SessionStorageError(
-                    f'refusing to discard the damaged tail of "{tail.path}": the log changed since it was examined',
-                    path=tail.path,
-                )
-            truncate_durable(tail.path, tail.start, tail.size)
+            # Under the session's writer lease: refused (SessionLockedError) while any writer holds the session.
+            lease = acquire_lease(self.root, os.path.dirname(tail.path), session_id)
+            try:
+                current = self._damaged_tail_sync(session_id)
+                if current != tail:
+                    raise SessionStorageError(
+                        f'refusing to discard the damaged tail of "{tail.path}": the log changed since it was examined',
+                        path=tail.path,
+                    )
+                truncate_durable(tail.path, tail.start, tail.size)
+            finally:
+                lease.release_sync()
 
         await self._run_shielded(work, "discarding the damaged final batch")
 
@@ -684,14 +737,29 @@ class JsonlBackend:
         Refused at once with ``SessionLockedError`` (naming the holder's pid and host) while another process, or
         another backend instance in this one, holds it; the kernel releases it when its holder dies.
         """
-        session_dir = os.path.dirname(self._path_for(meta))
-        return await self._run_shielded(
+        path = self._path_for(meta)
+        session_dir = os.path.dirname(path)
+        lease = await self._run_shielded(
             lambda: acquire_lease(self.root, session_dir, meta.id), "taking the writer lease"
         )
+        # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
+        appender = HeldAppender()
+        self._appenders[path] = appender
+
+        def forget() -> None:
+            appender.close()
+            if self._appenders.get(path) is appender:
+                del self._appenders[path]
+
+        lease.on_release(forget)
+        return lease
 
     async def aclose(self) -> None:
-        """Nothing to release: no descriptor outlives a primitive call (writer leases are released by their
-        holder, the coordinator)."""
+        """Close any kept append descriptor (normally closed already: each goes with its writer lease, which its
+        holder, the coordinator, releases)."""
+        for appender in list(self._appenders.values()):
+            appender.close()
+        self._appenders.clear()
 
 
 def _exists_error(message: str, path: str) -> SessionLogExistsError:

@@ -7,20 +7,22 @@ declarations and verifies each batch's data against its CRC:
 * **torn tail** (a write that never completed, cut by ``load``): the file ends inside a declaration or inside
   its declared data, or only zero bytes (possibly after the start of a declaration) follow the last complete
   batch, or the last batch's data turns to zeros from a sector boundary to the end of the file (its size reached
-  the disk, its data did not);
+  the disk, its data did not; committed data never ends in a zero byte);
 * **damage** (``SessionPersistenceCorruptionError``, never cut): a complete declaration that fails its own CRC
   or states an impossible or oversized batch, data that fails its CRC or does not decode to exactly the
   declared events, anywhere, the last batch included.
 
-Recovered events: none. A torn batch's bytes were never acknowledged and cannot be verified, so ``load`` drops
-them (v0 logs keep their partial-frame recovery).
+Recovered events: none, except a final batch missing only its last byte (restored and verified by the CRC).
+A torn batch's bytes were never acknowledged and cannot be verified, so ``load`` drops them (v0 logs keep their
+partial-frame recovery).
 """
 
 from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import zstandard
@@ -50,7 +52,7 @@ from ._declarations import (
     parse_zstd_declaration,
     zstd_declaration,
 )
-from ._frames import FrameError, compress_frame
+from ._frames import FrameError, compress_frame, raw_frame
 from ._layout import Compression
 from ._records import NotAHeaderError, corrupt, parse_header_line
 from ._scan import HEADER_CAP, DecodedLog, TornTail
@@ -66,6 +68,7 @@ __all__ = [
     "encode_declared_batch",
     "encode_declared_header",
     "is_declared",
+    "open_declared",
     "walk_declared",
 ]
 
@@ -111,6 +114,8 @@ def encode_declared_batch(compression: Compression, first_seq: int, count: int, 
     """One pair ready for a single ``write``: declaration, then the batch's frame (zstd) or lines (none)."""
     if compression == "zstd":
         data = compress_frame(plaintext)
+        if 0 in data[-2:]:
+            data = raw_frame(plaintext)  # ends with the plaintext's "}\n": committed data never ends in zeros
         return zstd_declaration(first_seq, count, data) + data
     return line_declaration(first_seq, count, plaintext) + plaintext
 
@@ -248,7 +253,8 @@ class _Walk:
         except StorageLineError as exc:
             raise self.damage(f"{where}: unparsable committed event: {exc}") from exc
         seqs = list(map(_seq_of, events))
-        if seqs != list(range(decl.first_seq, decl.first_seq + decl.count)):
+        # The count first: a declared count is never turned into a list (a crafted one could be 4 billion).
+        if len(seqs) != decl.count or seqs != list(range(decl.first_seq, decl.first_seq + len(seqs))):
             raise self.damage(
                 f"{where} declares {decl.count} event(s) from seq {decl.first_seq} but holds seqs "
                 f"{seqs[:1]}..{seqs[-1:]} ({len(seqs)} event(s))"
@@ -289,6 +295,34 @@ def _read_header(
     return header, cut, end
 
 
+def _zero_filled_end(
+    src: Source, walk: _Walk, data: bytes | memoryview, decl: Declaration, pos: int, data_start: int, end: int
+) -> list[SessionEvent] | None:
+    """A final batch whose size reached the disk but whose last bytes did not: ``None`` if it is damage.
+
+    Committed data never ends in a zero byte (``none``: every batch ends with ``}\\n``; ``zstd``: the writer
+    falls back to a stored frame ending in the plaintext when a compressed one would end in zeros), so no change
+    of one byte in committed data can end it in two zeros. Zeros from a sector boundary to the end of the file
+    (:func:`_zero_filled_write`) are a torn write: dropped (``[]``). Data ending in exactly one zero is either a
+    write torn before its last byte or a committed batch whose last byte was damaged: if some last byte makes the
+    CRC verify, the batch is exactly known and its events are kept (repair re-appends them), so neither case
+    loses anything.
+    """
+    if _head_end(src, end) != end:
+        return None  # something that is not zeros follows: not the end of the log
+    raw = bytes(data)
+    if raw.endswith(b"\0\0"):
+        return [] if _zero_filled_write(src, data_start, end) else None
+    if not raw.endswith(b"\0"):
+        return None
+    prefix_crc = data_crc(raw[:-1])
+    for last in range(1, 256):
+        if zlib.crc32(bytes((last,)), prefix_crc) == decl.crc:
+            restored = raw[:-1] + bytes((last,))
+            return walk.events(walk.plaintext(restored, data_start), decl, pos)
+    return None
+
+
 def _check_declaration(walk: _Walk, decl: Declaration, pos: int, expected: int) -> None:
     if decl.count == 0 or decl.first_seq != expected:
         raise walk.damage(
@@ -321,13 +355,60 @@ def walk_declared(
     header and of every batch read. Damage raises ``SessionPersistenceCorruptionError`` (:class:`BatchDamage`,
     naming the damaged batch, past the header).
     """
-    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor())
-    header, cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), refuse_versions, plaintexts)
-    log = DecodedLog(header, cut, [], None, src.size, pos)
+    log, batches = open_declared(
+        src,
+        compression,
+        path,
+        cap,
+        from_seq=from_seq,
+        plaintexts=plaintexts,
+        refuse_versions=refuse_versions,
+        checkpoint=checkpoint,
+    )
     if header_only:
         return log
     events = log.events
+    for batch in batches:
+        events.extend(batch)
+    return log
+
+
+def open_declared(
+    src: Source,
+    compression: Compression,
+    path: str,
+    cap: int,
+    *,
+    from_seq: int = 0,
+    plaintexts: list[bytes] | None = None,
+    refuse_versions: bool = True,
+    checkpoint: Checkpoint | None = None,
+) -> tuple[DecodedLog, Iterator[list[SessionEvent]]]:
+    """The header (read now, into a log with no events) and an iterator over the batches, one list each.
+
+    The iterator yields the events of every batch that reaches ``from_seq`` (whole batches: the first may start
+    before it), reading nothing else, so a caller can consume a log of any length in the memory of one batch. When
+    it is exhausted the log's ``committed_end`` and ``torn`` marker are set; damage raises as for
+    :func:`walk_declared`.
+    """
+    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor())
+    header, cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), refuse_versions, plaintexts)
+    log = DecodedLog(header, cut, [], None, src.size, pos)
+    return log, _batches(src, walk, log, pos, from_seq, plaintexts, checkpoint)
+
+
+def _batches(
+    src: Source,
+    walk: _Walk,
+    log: DecodedLog,
+    pos: int,
+    from_seq: int,
+    plaintexts: list[bytes] | None,
+    checkpoint: Checkpoint | None,
+) -> Iterator[list[SessionEvent]]:
+    compression = walk.compression
     expected = 0
+    recovered: list[SessionEvent] = []
     while pos < src.size:
         if checkpoint is not None:
             checkpoint()
@@ -339,6 +420,7 @@ def walk_declared(
             damage = walk.damage(f"batch declaration at byte {pos}: {exc}")
             raise BatchDamage(str(damage), pos, None, None) from exc
         end = data_start + decl.length
+        batch: list[SessionEvent] | None = None
         try:
             _check_declaration(walk, decl, pos, expected)
             if end > src.size:
@@ -347,13 +429,15 @@ def walk_declared(
             if expected > from_seq:
                 data = src.read(data_start, end)
                 if data_crc(data) != decl.crc:
-                    if _zero_filled_write(src, data_start, end):
+                    torn_events = _zero_filled_end(src, walk, data, decl, pos, data_start, end)
+                    if torn_events is not None:
+                        recovered = torn_events
                         break  # the size of a write that never completed reached the disk, its data did not
                     raise walk.damage(
                         f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
                     )
                 plaintext = walk.plaintext(data, data_start)
-                events.extend(walk.events(plaintext, decl, pos))
+                batch = walk.events(plaintext, decl, pos)
                 if plaintexts is not None:
                     plaintexts.append(plaintext)
         except BatchDamage:
@@ -363,6 +447,10 @@ def walk_declared(
             raise BatchDamage(str(exc), pos, verified, end if verified else None) from exc
         pos = end
         log.committed_end = pos
+        if batch is not None:
+            yield batch
     if pos < src.size:
-        log.torn = TornTail(truncate_to=log.committed_end, recovered_events=[], expected_size=src.size)
-    return log
+        log.torn = TornTail(truncate_to=log.committed_end, recovered_events=recovered, expected_size=src.size)
+    if recovered:
+        # The torn write's decodable events: part of what load returns (repair appends them again), never committed.
+        yield recovered

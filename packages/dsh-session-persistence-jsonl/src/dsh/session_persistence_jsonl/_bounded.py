@@ -42,12 +42,23 @@ def _oversized(offset: int, size: int | str, cap: int) -> OversizedError:
     )
 
 
+_FCS_BYTES = (0, 2, 4, 8)
+
+
 def _content_size(frame: bytes | memoryview) -> int | None:
-    try:
-        size = zstandard.get_frame_parameters(bytes(frame[:18])).content_size
-    except zstandard.ZstdError:
+    """The content size a frame header pledges, ``None`` if it pledges none (or is not a frame header)."""
+    if len(frame) < 6 or frame[:4] != b"\x28\xb5\x2f\xfd":
         return None
-    return None if size == zstandard.CONTENTSIZE_UNKNOWN else size
+    fhd = frame[4]
+    single = fhd & 0x20
+    width = _FCS_BYTES[fhd >> 6] or (1 if single else 0)
+    if width == 0:
+        return None
+    start = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 0x03]
+    if len(frame) < start + width:
+        return None
+    size = int.from_bytes(frame[start : start + width], "little")
+    return size + 256 if width == 2 else size
 
 
 def decompress_declared(frame: bytes | memoryview, offset: int, cap: int, dctx: zstandard.ZstdDecompressor) -> bytes:
@@ -76,6 +87,8 @@ def _stream(frame: bytes | memoryview, offset: int, cap: int, dctx: zstandard.Zs
                 return b"".join(parts)
             total += len(chunk)
             if total > cap:
+                # Free the output now: the traceback keeps this frame (and its locals) alive until collected.
+                parts.clear()
                 raise _oversized(offset, f"more than {cap}", cap)
             parts.append(chunk)
 

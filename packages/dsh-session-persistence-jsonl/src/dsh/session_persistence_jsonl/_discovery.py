@@ -26,6 +26,7 @@ from ._bounded import decompress_frame_bounded
 from ._frames import FrameError, scan_frames
 from ._fs import is_file, open_read, real_dir
 from ._layout import (
+    MAX_SEGMENT,
     RAW_SUFFIX,
     TRANSCRIPT_STEM,
     ZSTD_SUFFIX,
@@ -137,6 +138,8 @@ def find_transcript(root: str, session_id: str, compression: Compression, checkp
     for project in _project_dirs(root):
         checkpoint()
         for flat_suffix in (RAW_SUFFIX, ZSTD_SUFFIX):
+            if len(segment) + len(flat_suffix) > MAX_SEGMENT:
+                continue  # no such name can exist (and probing it would fail with ENAMETOOLONG)
             flat = os.path.join(project, segment + flat_suffix)
             if is_file(flat):
                 raise _flat_layout(flat)

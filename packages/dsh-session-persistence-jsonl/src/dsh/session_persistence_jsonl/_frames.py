@@ -23,6 +23,7 @@ __all__ = [
     "decode_frame",
     "decode_partial",
     "find_later_complete_frame",
+    "raw_frame",
     "scan_frames",
 ]
 
@@ -52,6 +53,34 @@ def compress_frame(plaintext: bytes) -> bytes:
     if compressor is None:
         compressor = _local.compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
     return compressor.compress(plaintext)
+
+
+_RAW_BLOCK_MAX = 128 << 10
+
+
+def raw_frame(plaintext: bytes) -> bytes:
+    """A standard frame of raw (stored) blocks, content size pledged, no checksum: it ends with ``plaintext``.
+
+    Used for a declared batch whose compressed frame would end in a zero byte: a committed batch never ends in
+    zeros, which is what lets a zero-filled tail (the size reached the disk, the bytes did not) be told apart
+    from damage. The declaration's CRC-32 protects the bytes.
+    """
+    size = len(plaintext)
+    if size < 256:
+        header = bytes([0x20]) + size.to_bytes(1, "little")  # single segment, 1-byte content size
+    elif size < 65536 + 256:
+        header = bytes([0x60]) + (size - 256).to_bytes(2, "little")
+    elif size < 1 << 32:
+        header = bytes([0xA0]) + size.to_bytes(4, "little")
+    else:  # pragma: no cover - batches are capped far below 4 GiB
+        header = bytes([0xE0]) + size.to_bytes(8, "little")
+    parts = [MAGIC, header]
+    for start in range(0, size, _RAW_BLOCK_MAX):
+        chunk = plaintext[start : start + _RAW_BLOCK_MAX]
+        last = start + _RAW_BLOCK_MAX >= size
+        parts.append(((len(chunk) << 3) | int(last)).to_bytes(3, "little"))
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _frame_end(buf: bytes | memoryview, start: int) -> int | None:

@@ -20,6 +20,8 @@ from dsh.session_persistence.backend import SessionStorageError, SessionWriteInD
 
 __all__ = [
     "append_durable",
+    "append_held",
+    "open_append",
     "ensure_dir_chain",
     "fsync_dir",
     "is_file",
@@ -347,3 +349,33 @@ def truncate_durable(path: str, size: int, expected_size: int) -> None:
     """Cut a torn tail: refuse if the file changed since it was read, else ftruncate + fsync."""
     with _naming(path):
         _truncate_durable(path, size, expected_size)
+
+
+def open_append(path: str) -> int:
+    """A write-only ``O_APPEND`` descriptor on an existing file (never created, never through a symlink)."""
+    with _naming(path):
+        return os.open(path, os.O_WRONLY | os.O_APPEND | _O_CLOEXEC | _O_NOFOLLOW)
+
+
+def _append_held(fd: int, path: str, before: int, data: bytes) -> None:
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, before)
+            os.fsync(fd)
+        except OSError as rollback_exc:
+            what = rollback_exc.strerror or str(rollback_exc)
+            raise _in_doubt(
+                "append to", path, exc, f"the append failed and rolling it back failed too ({what})"
+            ) from exc
+        raise
+
+
+def append_held(fd: int, path: str, before: int, data: bytes) -> None:
+    """:func:`append_durable` on a descriptor the caller keeps open (from :func:`open_append`), whose file is
+    ``before`` bytes long: append + fsync; on failure ``ftruncate`` the same descriptor back to ``before``
+    (so the rollback cannot hit another file at that path), and if that fails too the batch is in doubt."""
+    with _naming(path):
+        _append_held(fd, path, before, data)

@@ -18,6 +18,7 @@ import os
 import socket
 import stat
 import threading
+from collections.abc import Callable
 
 from dsh.session_persistence.backend import SessionLockedError, SessionStorageError
 
@@ -59,16 +60,24 @@ class JsonlWriterLease:
         self._lock = threading.Lock()
         self.path = path
         self._holder = holder
+        self._on_release: list[Callable[[], None]] = []
 
     @property
     def holder(self) -> str:
         """This writer, as a refused one sees it (``"pid 4242 on host-a"``)."""
         return self._holder
 
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the lease is released, before the lock is dropped (it must not raise)."""
+        self._on_release.append(callback)
+
     def release_sync(self) -> None:
-        """Close the descriptor, which releases the lock (idempotent)."""
+        """Run the release callbacks, then close the descriptor, which releases the lock (idempotent)."""
         with self._lock:
             fd, self._fd = self._fd, None
+            callbacks, self._on_release = self._on_release, []
+        for callback in callbacks:
+            callback()
         if fd is not None:
             os.close(fd)
 

@@ -8,7 +8,7 @@ belongs in worker threads (``anyio.to_thread.run_sync``), one durable step per c
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -258,6 +258,21 @@ class SupportsSeek(Protocol):
     """
 
     async def load_stored_from(self, session_id: str, from_seq: int) -> StoredSuffix | None: ...
+
+
+@runtime_checkable
+class SupportsStreamingRead(Protocol):
+    """A streaming read: the stored events with ``seq >= from_seq``, a run at a time, in memory independent of
+    the log's length.
+
+    ``iter_stored`` is an async generator. It raises ``SessionNotFoundError`` when the session is absent;
+    otherwise it yields at least one :class:`StoredSuffix` (header, cut and the next run of events, in seq
+    order, contiguous across runs, starting exactly at ``from_seq``; the first run may be empty). It reads the
+    log as it was when the iteration started, stops at a torn tail (never acknowledged) and raises on damage
+    when it reaches it. Non-mutating.
+    """
+
+    def iter_stored(self, session_id: str, from_seq: int) -> AsyncIterator[StoredSuffix]: ...
 
 
 @runtime_checkable

@@ -7,7 +7,7 @@ call, and a primitive that is missing is ``None``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ._backend import (
@@ -22,6 +22,7 @@ from ._backend import (
     SupportsRawArtifacts,
     SupportsRewrite,
     SupportsSeek,
+    SupportsStreamingRead,
     SupportsWriterLease,
     WriterLease,
 )
@@ -36,6 +37,7 @@ class Capabilities:
     """The optional primitives of one backend (``None`` where it has none)."""
 
     seek: Callable[[str, int], Awaitable[StoredSuffix | None]] | None
+    stream: Callable[[str, int], AsyncIterator[StoredSuffix]] | None
     materialize_header: Callable[[StorageMetadata], Awaitable[None]] | None
     rewrite: Callable[[StorageMetadata, Sequence[SessionEvent]], Awaitable[None]] | None
     locate: Callable[[SessionHeader], SessionLocation | None] | None
@@ -49,6 +51,7 @@ class Capabilities:
         raw = backend.read_raw if isinstance(backend, SupportsRawArtifacts) and backend.supports_raw_artifacts else None
         return cls(
             seek=backend.load_stored_from if isinstance(backend, SupportsSeek) else None,
+            stream=backend.iter_stored if isinstance(backend, SupportsStreamingRead) else None,
             materialize_header=backend.materialize_header if isinstance(backend, SupportsMaterializeHeader) else None,
             rewrite=backend.rewrite if isinstance(backend, SupportsRewrite) else None,
             locate=backend.locate if isinstance(backend, SupportsLocate) else None,

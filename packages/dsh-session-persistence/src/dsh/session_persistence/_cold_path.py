@@ -9,6 +9,7 @@ state for the id. ``read_from`` is the storage-only suffix read: no closers, no 
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from ._backend import StorageMetadata, StoredPrefix
@@ -107,3 +108,37 @@ async def read_from(core: CoordinatorCore, session_id: str, from_seq: int) -> Se
         validate_stored(session_id, meta, cut, stored.events, core.location(meta), whole=False)
         events = stored.events[from_seq:]
     return SessionEventSuffix(meta=meta, inherited_event_count=cut, from_seq=from_seq, events=tuple(events))
+
+
+async def iter_from(core: CoordinatorCore, session_id: str, from_seq: int) -> AsyncGenerator[SessionEvent, None]:
+    """The stored events with ``seq >= from_seq``, validated run by run (storage only), streamed.
+
+    With a streaming backend memory stays bounded by one stored run; without one this is ``read_from``.
+    """
+    stream = core.caps.stream
+    if stream is None:
+        suffix = await core.chains.run(session_id, lambda: read_from(core, session_id, from_seq))
+        for event in suffix.events:
+            yield event
+        return
+    expected = from_seq
+    runs = stream(session_id, from_seq)
+    try:
+        async for run in runs:
+            events = run.events
+            validate_stored(
+                session_id,
+                run.meta,
+                run.inherited_event_count,
+                events,
+                core.location(run.meta),
+                start=expected,
+                whole=False,
+            )
+            expected += len(events)
+            for event in events:
+                yield event
+    finally:
+        aclose = getattr(runs, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -26,7 +26,7 @@ import builtins
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -39,7 +39,7 @@ from anyio.abc import TaskGroup
 
 from . import _lifecycle
 from ._backend import RawArtifact, SessionBackend, SessionLocation, SessionSnapshot, StorageMetadata
-from ._cold_path import cold_commit, prepare, read_from
+from ._cold_path import cold_commit, iter_from, prepare, read_from
 from ._coordinator_state import CoordinatorCore, SessionState
 from ._durable import append, materialize, rewrite
 from ._errors import (
@@ -416,6 +416,26 @@ class PersistenceCoordinator:
         await self._retirement.wait(session_id)
         core = self._core
         return await core.chains.run(session_id, lambda: read_from(core, session_id, offset))
+
+    async def iter_events(self, session_id: str, from_seq: int = 0) -> AsyncIterator[SessionEvent]:
+        """Stream the stored events with ``seq >= from_seq`` (storage only, like :meth:`read_from`).
+
+        With a backend that streams (``SupportsStreamingRead``: JSONL, memory) memory stays bounded by one stored
+        batch whatever the log's length, and only the batches from ``from_seq`` on are read; otherwise this is
+        :meth:`read_from` yielded event by event. Each run is validated (identity, version, contiguity, known
+        types) before its events are yielded; the stream reads the log as it was when it started. Raises
+        ``SessionNotFoundError`` when the session is absent.
+        """
+        self._require_open()
+        offset = _check_offset(from_seq)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        await self._retirement.wait(session_id)
+        stream = iter_from(self._core, session_id, offset)
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            await stream.aclose()
 
     async def list(self) -> builtins.list[SessionHeader]:
         """Headers of every materialized session (no log parsing)."""

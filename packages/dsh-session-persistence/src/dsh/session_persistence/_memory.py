@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,6 +221,13 @@ class MemoryBackend:
             return None
         meta, events = self._decode(session_id, entry, from_seq)
         return StoredSuffix(meta=meta, inherited_event_count=entry.inherited_event_count, events=events)
+
+    async def iter_stored(self, session_id: str, from_seq: int) -> AsyncIterator[StoredSuffix]:
+        """Streaming read: the suffix from ``from_seq`` as one run (the log is in memory already)."""
+        suffix = await self.load_stored_from(session_id, from_seq)
+        if suffix is None:
+            raise SessionNotFoundError(session_id)
+        yield suffix
 
     async def read_stored_revision(self, session_id: str) -> str | None:
         await anyio.lowlevel.checkpoint()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeAlias
 
@@ -23,6 +24,8 @@ __all__ = [
     "TaskGroupScheduler",
     "TimerHandle",
 ]
+
+_logger = logging.getLogger("dsh.session_persistence")
 
 #: Starts ``func()`` as a background task in a task group owned by the caller. The bound method
 #: ``TaskGroup.start_soon`` fits. Spawned work must survive the cancellation of whoever caused it
@@ -50,59 +53,106 @@ class Scheduler(Protocol):
         ...
 
 
-class _SleepingTimer:
-    """Handle for a timer task that sleeps in the owner's task group."""
+class _WheelTimer:
+    """Handle for one deadline kept in a :class:`TaskGroupScheduler`'s heap."""
 
-    __slots__ = ("_cancelled", "_fired", "_scope")
+    __slots__ = ("_callback", "_owner", "due")
 
-    def __init__(self) -> None:
-        # Created before the task starts: anyio lets a scope be cancelled before it is entered,
-        # so a cancel() that races the task's start still stops the sleep at once.
-        self._scope = anyio.CancelScope()
-        self._cancelled = False
-        self._fired = False
+    def __init__(self, owner: TaskGroupScheduler, due: float, callback: Callable[[], None]) -> None:
+        self._owner = owner
+        self.due = due
+        self._callback: Callable[[], None] | None = callback
 
     def cancel(self) -> None:
-        if self._fired:
-            return
-        # The flag matters as much as the scope: a sleep that already finished may have its task
-        # rescheduled without a checkpoint, where scope cancellation no longer applies.
-        self._cancelled = True
-        self._scope.cancel()
+        # Lazy deletion: the entry stays in the heap and is dropped when it reaches the top, so a cancel
+        # costs no wake-up of the timer task. A fired or cancelled handle has no callback left.
+        if self._callback is not None:
+            self._callback = None
+            self._owner._live -= 1
 
-    async def run(self, delay_ms: int, callback: Callable[[], None]) -> None:
-        with self._scope:
-            await anyio.sleep(delay_ms / 1000)
-        if self._cancelled:
-            return
-        self._fired = True
-        callback()
+    def _take(self) -> Callable[[], None] | None:
+        callback, self._callback = self._callback, None
+        return callback
 
 
 class TaskGroupScheduler:
-    """Production scheduler: each timer is a task sleeping in a task group owned by the caller.
+    """Production scheduler: one long-lived task, spawned into the caller's task group, runs every timer.
 
-    ``spawn`` is typically ``task_group.start_soon``. Cancelling a handle cancels the sleeping
-    task, so disarmed timers do not linger until their deadline. Must be used from inside the
-    event loop that runs the task group.
+    ``spawn`` is typically ``task_group.start_soon``. Arming and cancelling a timer are heap operations on the
+    event loop thread; neither spawns a task (a write-behind window is armed and cancelled once per durable
+    batch, so a task per timer cost two task switches per commit). The timer task sleeps until the earliest
+    live deadline; with no live timer left it lingers until the latest deadline ever armed, then ends, so an
+    owner's task group is not held open by idle timers for longer than their own delays. Must be used from
+    inside the event loop that runs the task group.
     """
 
     def __init__(self, spawn: Spawn) -> None:
         self._spawn = spawn
+        self._order = itertools.count()
+        self._heap: list[tuple[float, int, _WheelTimer]] = []
+        self._live = 0
+        self._latest = 0.0
+        self._running = False
+        self._target: float | None = None
+        self._wake: anyio.CancelScope | None = None
 
     def now_ms(self) -> float:
         """Event-loop clock in milliseconds (``anyio.current_time()``)."""
         return anyio.current_time() * 1000.0
 
     def call_later(self, delay_ms: int, callback: Callable[[], None]) -> TimerHandle:
-        """Spawn a task that sleeps ``delay_ms`` and then calls ``callback`` unless cancelled."""
-        timer = _SleepingTimer()
-
-        async def sleep_then_call() -> None:
-            await timer.run(delay_ms, callback)
-
-        self._spawn(sleep_then_call)
+        """Arm ``callback`` to run once ``delay_ms`` from now on the timer task, unless cancelled first."""
+        due = self.now_ms() + delay_ms
+        timer = _WheelTimer(self, due, callback)
+        heapq.heappush(self._heap, (due, next(self._order), timer))
+        self._live += 1
+        if due > self._latest:
+            self._latest = due
+        if len(self._heap) > 64 and len(self._heap) > 4 * self._live:
+            # Many cancelled entries buried under a live one: compact, so memory follows the live timers.
+            self._heap = [entry for entry in self._heap if entry[2]._callback is not None]
+            heapq.heapify(self._heap)
+        if not self._running:
+            self._running = True
+            try:
+                self._spawn(self._run)
+            except BaseException:
+                self._running = False
+                raise
+        elif self._target is not None and due < self._target and self._wake is not None:
+            self._wake.cancel()  # sleeping towards a later deadline: wake up and re-plan
         return timer
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                heap = self._heap
+                now = self.now_ms()
+                while heap and (heap[0][2]._callback is None or heap[0][0] <= now):
+                    callback = heapq.heappop(heap)[2]._take()
+                    if callback is not None:
+                        self._live -= 1
+                        try:
+                            callback()
+                        except Exception:
+                            # One broken callback must not stop every other timer of the owner.
+                            _logger.exception("write-behind timer callback raised")
+                        now = self.now_ms()
+                if heap:
+                    target = heap[0][0]
+                elif now < self._latest:
+                    target = self._latest  # linger: a new window is likely to be armed soon
+                else:
+                    return
+                self._target = target
+                with anyio.CancelScope() as scope:
+                    self._wake = scope
+                    await anyio.sleep(max(target - now, 0.0) / 1000)
+                self._wake = None
+        finally:
+            self._running = False
+            self._target = None
+            self._wake = None
 
 
 class ManualTimer:

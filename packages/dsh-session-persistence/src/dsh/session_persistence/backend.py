@@ -30,6 +30,7 @@ from ._backend import (
     SupportsRewrite,
     SupportsSalvage,
     SupportsSeek,
+    SupportsStreamingRead,
     SupportsWriterLease,
     WriterLease,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "SupportsRewrite",
     "SupportsSalvage",
     "SupportsSeek",
+    "SupportsStreamingRead",
     "SupportsWriterLease",
     "UnsupportedOperationError",
     "check_contiguous",

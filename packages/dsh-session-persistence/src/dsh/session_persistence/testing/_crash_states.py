@@ -9,9 +9,10 @@ a new backend over each and checks what it reads:
   acknowledged event (for a rewrite in flight: the old log or the new one, exactly);
 * a refusal must be ``SessionPersistenceCorruptionError``, and is acceptable only for a state with bytes a
   crash did not simply cut short: a hole inside the unacknowledged tail (``drop-page``, ``only-page``) or a
-  garbage tail. Refusing a state where the unacknowledged tail is merely missing, cut or zero-filled
-  (``synced``, ``all``, ``names``, ``prefix``, ``zero-tail``) is counted in ``refused_clean``: such a session
-  must load (the tail is torn, never damage);
+  garbage tail. Refusing a state where the unacknowledged tail is merely missing, cut, or zeros to the end
+  (``synced``, ``all``, ``names``, ``prefix``, ``zero-tail``, ``zero-sectors``: its size reached the disk, its
+  data did not) is counted in ``refused_clean``: such a session must load (the tail is torn, never damage).
+  ``refused_by_kind`` counts every refusal;
 * anything else (another exception, events that were never written, a lost acknowledged batch) is a violation.
 
 The comparison is byte for byte on each event's wire JSON.
@@ -42,7 +43,7 @@ from ._shim import build_shim, shim_environment
 __all__ = ["CrashStateReport", "Recording", "check_crash_states", "record_session"]
 
 #: State kinds that only lose or cut unacknowledged bytes: refusing one of them is a failure to recover.
-CLEAN_KINDS = frozenset({"synced", "all", "names", "prefix", "zero-tail"})
+CLEAN_KINDS = frozenset({"synced", "all", "names", "prefix", "zero-tail", "zero-sectors"})
 #: States checked in quick mode (a seeded sample; every ``synced`` and ``all`` state is always checked).
 QUICK_SAMPLE = 400
 
@@ -76,12 +77,14 @@ class CrashStateReport:
     kinds: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     refused_clean: list[str] = field(default_factory=list)
+    refused_by_kind: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
         outcomes = " ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
+        refused = ",".join(f"{k}:{v}" for k, v in sorted(self.refused_by_kind.items())) or "-"
         return (
             f"calls={self.trace_calls} states={self.generated} checked={self.checked} {outcomes} "
-            f"refused_clean={len(self.refused_clean)} violations={len(self.violations)}"
+            f"refused_by_kind={refused} refused_clean={len(self.refused_clean)} violations={len(self.violations)}"
         )
 
 
@@ -213,6 +216,7 @@ def check_crash_states(
             if outcome == "error":
                 report.violations.append(f"{where}: {detail}")
             elif outcome == "refused":
+                report.refused_by_kind[state.kind] += 1
                 if state.kind in CLEAN_KINDS:
                     report.refused_clean.append(f"{where}: {detail}")
             else:

@@ -12,8 +12,9 @@ fsynced. At every crash point (after each traced call) the states generated are:
 * ``prefix``: the un-synced writes applied in order up to a cut inside one of them;
 * ``drop-page``: every un-synced write landed except one 4 KiB page (the page keeps its old bytes, or
   zeros past the old end), and ``only-page``: only one page of them landed (later blocks reordered first);
-* ``zero-tail``: the file sizes reached the disk but the written bytes did not (zeros), also after a prefix
-  of real data that ends at a sector boundary (a disk persists whole sectors);
+* ``zero-tail``: the file sizes reached the disk but none of the written bytes did (zeros), and
+  ``zero-sectors``: the same from a later sector (512-byte) boundary of the written range on (a disk loses
+  whole sectors, never half of one);
 * ``garbage-tail``: the same with random bytes instead of zeros.
 
 Identical states are generated once per crash point (by content); callers that compare states across points
@@ -186,7 +187,9 @@ class _Model:
         for _directory, op, path, inode in self.names.pending:
             _apply_name(partial, op, path, inode)
             yield CrashState(point, "names", self._files(dict(partial), {}))
-        dirty = [inode for inode in set(names_now.values()) | set(durable_names.values()) if inode.pending]
+        # In name order (never set order): the garbage bytes drawn from ``rng`` must not depend on hashing.
+        reachable = dict.fromkeys([*names_now.values(), *durable_names.values()])
+        dirty = [inode for inode in reachable if inode.pending]
         for inode in dirty:
             for namespace in (names_now, durable_names):
                 if inode not in namespace.values():
@@ -249,17 +252,14 @@ def _content_variants(inode: _Inode, cuts: str, rng: random.Random) -> Iterator[
             revert(only, written - in_page, None)
             yield "only-page", bytes(only)
     ordered = sorted(written)
-    for keep in [0, *_cut_points(len(ordered), cuts)]:
-        # What reaches the disk does so in whole sectors: past a cut, the data is lost from the next sector
-        # boundary on (all of it when nothing landed).
-        boundary = -(-ordered[keep] // SECTOR) * SECTOR if keep else 0
-        lost = {o for o in ordered[keep:] if o >= boundary}
-        if not lost:
-            continue
+    # A disk writes whole sectors: the unsynced bytes are lost from a sector boundary on, never mid-sector.
+    keeps = [0, *(index for index, offset in enumerate(ordered) if index and offset % SECTOR == 0)]
+    for keep in keeps:
+        lost = set(ordered[keep:])
         zero = bytearray(full)
         revert(zero, lost, b"\0")
-        yield "zero-tail", bytes(zero)
-        if keep in (0, len(ordered) // 2):
+        yield ("zero-sectors" if keep else "zero-tail"), bytes(zero)
+        if keep in (0, keeps[len(keeps) // 2]):
             garbage = bytearray(full)
             revert(garbage, lost, bytes(rng.randrange(1, 256) for _ in range(251)))
             yield "garbage-tail", bytes(garbage)

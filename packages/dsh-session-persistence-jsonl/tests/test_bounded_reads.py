@@ -1,0 +1,225 @@
+"""Bounded reads: decompression bombs and oversized declarations, in the header, a middle and the last batch.
+
+Each damaged file is read by ``load_stored``, ``load_stored_from``, ``read_raw``, ``list`` and ``list_damaged`` in
+a fresh subprocess that reports its peak RSS (``resource.getrusage``): every read is refused as damage of that
+one session (never a ``MemoryError``, never the whole root) and the peak stays under a generous bound. That is a
+memory bound, not a timing assertion.
+"""
+# ruff: noqa: ASYNC240
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+import zstandard
+from dsh.session_persistence.backend import SessionPersistenceCorruptionError, StorageMetadata
+from dsh.session_persistence_jsonl import BatchTooLargeError, JsonlBackend
+from dsh.session_persistence_jsonl._declarations import zstd_declaration
+from dsh.session_persistence_jsonl._frames import scan_frames
+
+from ._formats import Pair, pairs, write_v0
+from ._sessions import storage, turn_batches
+
+#: Peak RSS allowed for a reading process (the interpreter and the packages take ~40 MB).
+RSS_BOUND_MB = 200
+BOMB_BYTES = 1 << 30  # what each bomb expands to
+
+
+def _bomb_unknown_size(plain_prefix: bytes) -> bytes:
+    """One zstd frame, no pledged size, that expands to ~1 GiB (33 KB on disk)."""
+    cobj = zstandard.ZstdCompressor(level=3, write_checksum=True).compressobj()
+    parts = [cobj.compress(plain_prefix)]
+    zeros = b"\0" * (1 << 20)
+    for _ in range(BOMB_BYTES >> 20):
+        parts.append(cobj.compress(zeros))
+    parts.append(cobj.flush())
+    return b"".join(parts)
+
+
+def _pledging(size: int) -> bytes:
+    """A small valid frame whose header is patched to pledge ``size`` bytes (never decoded: refused first)."""
+    frame = bytearray(zstandard.ZstdCompressor(level=3, write_checksum=True).compress(b"x" * 70_000))
+    fhd = frame[4]
+    assert fhd >> 6 == 2 and fhd & 0x20  # a 4-byte content size right after the descriptor
+    frame[5:9] = size.to_bytes(4, "little")
+    return bytes(frame)
+
+
+def _zstd_decl(first_seq: int, count: int, length: int, crc: int) -> bytes:
+    body = b"\x5d\x2a\x4d\x18" + struct.pack("<I", 24) + struct.pack("<QIII", first_seq, count, length, crc)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def _line_decl(first_seq: int, count: int, length: int, crc: int) -> bytes:
+    body = b'{"type":"dsh.batch","seq":%d,"count":%d,"bytes":%d,"crc32":%d' % (first_seq, count, length, crc)
+    return body + b',"check":%d}\n' % zlib.crc32(body)
+
+
+@pytest.fixture(scope="module")
+def bombs() -> dict[str, bytes]:
+    return {"unknown": _bomb_unknown_size(b'{"type":"session"'), "pledged": _pledging(0xF0000000)}
+
+
+def _measure(root: Path, compression: str, session_id: str, cap: int | None = None) -> dict[str, object]:
+    """Every read of ``session_id`` in a fresh process: the error type of each, and the peak RSS.
+
+    The child's address space is limited to what it uses at start plus 1 GiB, so an attempt to allocate what a
+    bomb pledges (3.75 GiB) fails loudly even where it would not touch resident memory.
+    """
+    script = textwrap.dedent(
+        f"""
+        import json, os, resource, anyio
+        vsz = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (vsz + (1 << 30), resource.RLIM_INFINITY))
+        from dsh.session_persistence.backend import SessionPersistenceCorruptionError
+        from dsh.session_persistence_jsonl import JsonlBackend
+
+        async def main():
+            kw = {{}} if {cap!r} is None else {{"max_batch_bytes": {cap!r}}}
+            backend = JsonlBackend({str(root)!r}, compression={compression!r}, **kw)
+            out = {{}}
+            for name, op in [
+                ("load", lambda: backend.load_stored({session_id!r})),
+                ("load_from", lambda: backend.load_stored_from({session_id!r}, 3)),
+                ("raw", lambda: backend.read_raw({session_id!r})),
+                ("list", backend.list),
+                ("damaged", backend.list_damaged),
+            ]:
+                try:
+                    result = await op()
+                except SessionPersistenceCorruptionError:
+                    out[name] = "damage"
+                except Exception as exc:
+                    out[name] = type(exc).__name__
+                else:
+                    out[name] = ([getattr(x, "id", getattr(x, "session_id", None)) for x in result]
+                                 if isinstance(result, list) else "ok")
+            out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(json.dumps(out))
+
+        anyio.run(main)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _plant(root: Path, compression: str, position: str, payload: Callable[[Pair], bytes]) -> None:
+    """Sessions ``bomb`` (a real v1 log whose header / middle / last pair is replaced) and ``ok`` (intact)."""
+    backend = JsonlBackend(root, compression=compression)  # type: ignore[arg-type]
+    st = storage("bomb")
+    batches = turn_batches(3)
+
+    async def write() -> None:
+        for i, batch in enumerate(batches):
+            await backend.append_batch(st, batch, i > 0)
+        await backend.append_batch(storage("ok"), turn_batches(1)[0], False)
+
+    anyio.run(write)
+    path = Path(backend.locate(st.meta).path)
+    data = path.read_bytes()
+    target = pairs(data, compression)[{"header": 0, "middle": 2, "last": 3}[position]]
+    path.write_bytes(data[: target.start] + payload(target) + data[target.end :])
+
+
+def _expect_one_damaged_session(result: dict[str, object], position: str) -> None:
+    assert result["load"] == "damage", result
+    assert result["load_from"] == "damage", result
+    assert result["raw"] == "damage", result
+    if position == "header":
+        assert result["list"] == ["ok"], result  # the other session is still listed
+        assert result["damaged"] == ["bomb"], result
+    else:
+        assert result["list"] == ["bomb", "ok"], result
+        assert result["damaged"] == [], result
+    assert float(result["rss_mb"]) < RSS_BOUND_MB, result  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("position", ["header", "middle", "last"])
+def test_v1_bombs_and_oversized_declarations_are_damage_without_allocation(
+    tmp_path: Path, position: str, bombs: dict[str, bytes]
+) -> None:
+    """CRC-valid pairs whose frame pledges 3.75 GiB, or pledges nothing (1 GiB inside), or that declare 3 GiB."""
+    cases: dict[str, Callable[[Pair], bytes]] = {
+        "pledged": lambda t: zstd_declaration(t.first_seq, t.count, bombs["pledged"]) + bombs["pledged"],
+        "unknown": lambda t: zstd_declaration(t.first_seq, t.count, bombs["unknown"]) + bombs["unknown"],
+        "declared": lambda t: _zstd_decl(t.first_seq, t.count, 3 << 30, 0) + b"\0" * 64,
+    }
+    for name, payload in cases.items():
+        root = tmp_path / name / "root"
+        _plant(root, "zstd", position, payload)
+        _expect_one_damaged_session(_measure(root, "zstd", "bomb"), position)
+
+
+def test_raw_lines_oversized_declaration_is_damage(tmp_path: Path) -> None:
+    for position in ("header", "middle", "last"):
+        root = tmp_path / position / "root"
+        _plant(root, "none", position, lambda t: _line_decl(t.first_seq, t.count, 3 << 30, 0) + b"{}\n")
+        _expect_one_damaged_session(_measure(root, "none", "bomb"), position)
+
+
+@pytest.mark.parametrize("position", ["header", "middle", "last"])
+def test_v0_bombs_are_damage_within_the_cap(tmp_path: Path, position: str, bombs: dict[str, bytes]) -> None:
+    """A v0 frame with no pledged size that expands to 1 GiB: streamed, and given up at the cap."""
+    root = tmp_path / "root"
+    path = write_v0(root, storage("bomb"), turn_batches(3), "zstd")
+    data = path.read_bytes()
+    start, end = scan_frames(data).frames[{"header": 0, "middle": 1, "last": 3}[position]]
+    path.write_bytes(data[:start] + bombs["unknown"] + data[end:])
+
+    async def other() -> None:
+        await JsonlBackend(root).append_batch(storage("ok"), turn_batches(1)[0], False)
+
+    anyio.run(other)
+    _expect_one_damaged_session(_measure(root, "zstd", "bomb", cap=64 << 20), position)
+
+
+@pytest.mark.anyio
+async def test_a_batch_above_the_cap_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    backend = JsonlBackend(tmp_path / "root", max_batch_bytes=4096)
+    st = storage()
+    batches = turn_batches(2, tokens=400)
+    with pytest.raises(BatchTooLargeError, match="above max_batch_bytes=4096"):
+        await backend.append_batch(st, batches[0], False)
+    assert not (tmp_path / "root").exists()
+    small = JsonlBackend(tmp_path / "root")
+    await small.append_batch(st, batches[0][:3], False)
+    path = Path(small.locate(st.meta).path)
+    before = path.read_bytes()
+    with pytest.raises(BatchTooLargeError):
+        await backend.append_batch(StorageMetadata(st.meta, 0), batches[0][3:], True)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+async def test_a_huge_declared_count_is_damage_not_an_allocation(tmp_path: Path, compression: str) -> None:
+    """A CRC-valid declaration of 4 billion events over a real batch's data: refused, nothing sized by the count."""
+    backend = JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+    st = storage()
+    for i, batch in enumerate(turn_batches(2)):
+        await backend.append_batch(st, batch, i > 0)
+    path = Path(backend.locate(st.meta).path)
+    data = path.read_bytes()
+    last = pairs(data, compression)[-1]
+    body = data[last.data_start : last.end]
+    crc = zlib.crc32(body)
+    decl = (
+        _zstd_decl(last.first_seq, (1 << 32) - 1, len(body), crc)
+        if compression == "zstd"
+        else _line_decl(last.first_seq, (1 << 32) - 1, len(body), crc)
+    )
+    path.write_bytes(data[: last.start] + decl + body)
+    with pytest.raises(SessionPersistenceCorruptionError, match="declares 4294967295 event"):
+        await backend.load_stored("s1")
