@@ -29,7 +29,7 @@ from dsh.session_persistence.events import (
     TextDeltaChunk,
     ToolCallBlock,
 )
-from dsh.session_persistence.loop import AgentLoop, FunctionTool, TurnResult
+from dsh.session_persistence.loop import AgentLoop, CancelSignal, FunctionTool, ModelRequest, TurnResult
 
 pytestmark = pytest.mark.anyio
 
@@ -218,8 +218,9 @@ async def test_cancelling_the_turn_closes_the_http_stream(server: FakeChatServer
             tg.start_soon(cancel_after_first_text)
             with anyio.fail_after(30):
                 result = await agent.run_turn("hi")
+        # Still inside the client's lifetime: the stream itself was closed, not the whole client.
+        assert await anyio.to_thread.run_sync(held.closed.wait, 30)  # the server saw the stream go away
     assert result.reason.kind == "aborted"
-    assert await anyio.to_thread.run_sync(held.closed.wait, 30)  # the server saw the client go away
     partial = [e for e in agent.session.events if type(e) is AssistantMessage]
     assert partial[0].data.interrupted is True and partial[0].data.message.content == (TextBlock(text="thinking"),)
 
@@ -262,3 +263,21 @@ def test_bad_construction_is_refused() -> None:
         OpenAIChatAdapter("", api_key="k")
     with pytest.raises(ValueError, match="must not set messages, stream"):
         OpenAIChatAdapter("m", api_key="k", options={"stream": False, "messages": []})
+
+
+async def test_a_cooperative_abort_ends_the_stream_and_closes_it(server: FakeChatServer) -> None:
+    """Driven directly (no loop racing it natively): an aborted signal stops the read and closes the stream."""
+    held = StreamReply([chunk({"content": "thinking"})], hold=True)
+    server.add(held)
+    signal = CancelSignal()
+    request = ModelRequest(session_id=None, messages=(), config={}, signal=signal)
+    kinds: list[str] = []
+    async with adapter(server) as model:
+        stream = model.stream(request)
+        with anyio.fail_after(30):
+            async for item in stream:
+                kinds.append(item.__struct_config__.tag)
+                if isinstance(item, TextDeltaChunk):
+                    signal.abort("user")
+        assert await anyio.to_thread.run_sync(held.closed.wait, 30)  # closed by the adapter, the client lives on
+    assert kinds == ["block-start", "text-delta", "finish"]
