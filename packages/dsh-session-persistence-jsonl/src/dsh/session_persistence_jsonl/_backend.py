@@ -598,6 +598,9 @@ class JsonlBackend:
             if marker is not None:
                 truncate_durable(path, marker.truncate_to, marker.expected_size)
             if batch:
+                # Closers computed from a stale read must not land after another writer's batch.
+                next_seq, _ = self._next_seq_sync(path, storage.meta.id)
+                check_continues(storage.meta.id, next_seq, batch)
                 append_durable(path, self._encode_batch(batch))
 
         await self._run_shielded(work, "repairing the session log")
