@@ -20,6 +20,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 
 from dsh.session_persistence.backend import SessionLockedError, SessionStorageError
@@ -53,6 +54,21 @@ def read_holder(fd: int) -> str | None:
         return _describe(json.loads(raw))
     except (OSError, ValueError):
         return None
+
+
+#: How long a refused writer waits for the holder's name to appear (a holder that locked the file but has not
+#: written its name yet, for instance one that took the lease without the directory guard of an older build).
+_HOLDER_WAIT_S = 0.2
+
+
+def _await_holder(fd: int) -> str | None:
+    """The holder named in the lock file, re-read for a short while if it names none yet."""
+    deadline = time.monotonic() + _HOLDER_WAIT_S
+    while True:
+        holder = read_holder(fd)
+        if holder is not None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.002)
 
 
 class JsonlWriterLease:
@@ -138,7 +154,7 @@ def _acquire_locked(path: str, session_id: str) -> JsonlWriterLease:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = read_holder(fd)
+            holder = _await_holder(fd)
             os.close(fd)
             raise SessionLockedError(session_id, holder) from None
         except BaseException:
