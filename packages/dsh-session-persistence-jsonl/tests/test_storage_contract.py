@@ -1,8 +1,8 @@
-"""The storage-level kit cases (``StorageContractConformance``) against JsonlBackend, both encodings.
+"""The storage-level kit cases (``StorageContractConformance``) against ``JsonlBackend``, both encodings.
 
-They bypass the coordinator's cursor and lease: two backend instances over one root, a stale second writer's
-append and a stale repair (closers computed from an old read) must each be a ``SeqMismatchError``, never a
-duplicate seq on disk.
+Two backend instances over one root stand for a second process with a stale view: its appends and repairs at
+seqs the log already holds (or past its end) must be refused with ``SeqMismatchError`` by the primitive itself,
+and two coordinators on one session leave exactly the winner's log.
 """
 
 from __future__ import annotations
@@ -14,13 +14,7 @@ from dsh.session_persistence.testing import BackendFactory, StorageContractConfo
 from dsh.session_persistence_jsonl import JsonlBackend
 
 
-@pytest.fixture(params=["zstd", "none"])
-def compression(request: pytest.FixtureRequest) -> str:
-    value: str = request.param
-    return value
-
-
 class TestJsonlStorageContract(StorageContractConformance):
-    @pytest.fixture
-    def backend_factory(self, tmp_path: Path, compression: str) -> BackendFactory:
-        return lambda: JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+    @pytest.fixture(params=["zstd", "none"])
+    def backend_factory(self, tmp_path: Path, request: pytest.FixtureRequest) -> BackendFactory:
+        return lambda: JsonlBackend(tmp_path / "root", compression=request.param)
