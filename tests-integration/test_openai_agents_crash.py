@@ -70,7 +70,7 @@ def test_sigkill_mid_tool_then_the_model_sees_outcome_unknown_and_the_tool_is_no
     # The tool body ran exactly once, before the kill.
     assert ledger.read_text(encoding="utf-8").splitlines() == ["sent to bob@example.com"]
     shown = subprocess.run(
-        [sys.executable, "-m", "dsh.session_persistence._cli", "--root", str(root), "show", "agents-crash"],
+        [os.path.join(os.path.dirname(sys.executable), "dsh-sessions"), "--root", str(root), "show", "agents-crash"],
         capture_output=True,
         text=True,
         timeout=60,
