@@ -57,7 +57,8 @@ def _no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweeps test the torn/damage decision, not durability: skip the (slow) fsyncs."""
     monkeypatch.setattr(os, "fsync", lambda fd: None)
     # The sweeps call the backend's decode directly (no worker thread): nothing to cancel between batches.
-    monkeypatch.setattr("dsh.session_persistence_jsonl._backend._checkpoint", lambda: None)
+    for module in ("_backend", "_backend_core", "_backend_reads"):
+        monkeypatch.setattr(f"dsh.session_persistence_jsonl.{module}._checkpoint", lambda: None)
 
 
 def _overwrite(path: Path, data: bytes, at: int = 0, size: int | None = None) -> None:

@@ -9,75 +9,48 @@ and directory reads, so a cancelled ``load`` or ``list`` stops at the next bound
 from __future__ import annotations
 
 import builtins
-import errno
-import functools
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar, TypeVar
 
-import anyio
-import anyio.from_thread
-import anyio.to_thread
 from dsh.session_persistence.backend import (
     ListQuery,
-    RawArtifact,
     SalvagedLog,
     SeqMismatchError,
-    SessionAlreadyExistsError,
     SessionEvent,
     SessionHeader,
     SessionListing,
-    SessionLocation,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
-    SessionPersistenceError,
-    SessionSnapshot,
     SessionStorageError,
     StorageMetadata,
     StoredArtifact,
-    StoredPrefix,
-    StoredSuffix,
-    encode_storage_lines,
 )
 
+from ._backend_core import SessionLogExistsError, _checkpoint, _cwd_of, _exists_error
+from ._backend_reads import JsonlReads
 from ._batches import (
-    DECLARED_FORMAT_VERSION,
-    HEADER_CAP,
-    BatchTooLargeError,
-    BufferSource,
-    FdSource,
-    encode_declared_batch,
-    encode_declared_header,
     is_declared,
-    walk_declared,
 )
-from ._bounded import DEFAULT_MAX_BATCH_BYTES
 from ._damage import DamagedTail, find_damaged_tail
-from ._declarations import MAX_DECLARED_BYTES
-from ._discovery import Damaged, Listed, check_identity, check_target_dir, find_transcript, list_transcripts, preflight
-from ._frames import FrameError, decode_frame, scan_frames
+from ._discovery import check_identity, check_target_dir, find_transcript
 from ._fs import (
     append_durable,
     ensure_dir_chain,
     is_file,
-    open_read,
     publish_exclusive,
-    read_head,
     replace_durable,
-    revision_of,
     stable_read,
     truncate_durable,
 )
 from ._held_append import HeldAppender
-from ._layout import Compression, project_dir_name, session_segment, transcript_path
+from ._layout import project_dir_name, session_segment
 from ._lease import JsonlWriterLease, acquire_lease
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
-from ._records import NotAHeaderError, corrupt, encode_header_line, parse_header_line
 from ._salvage import salvage_declared, salvage_raw, salvage_zstd
-from ._scan import DecodedLog, TornTail, decode_raw_log, decode_zstd_log
-from ._seq_guard import NextSeqCache, check_continues
-from ._stream import DeclaredStream, open_stream
-from ._upgrade import current_header, declared_log
+from ._scan import TornTail
+from ._seq_guard import check_continues
+from ._upgrade import declared_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
 
@@ -85,32 +58,7 @@ _T = TypeVar("_T")
 RAW_FILENAME = "session.jsonl"
 
 
-class SessionLogExistsError(SessionAlreadyExistsError, FileExistsError):
-    """First materialization found a transcript already on disk (or lost a same-id publication race).
-
-    Both a :class:`SessionAlreadyExistsError` and a ``FileExistsError`` (``errno.EEXIST``, ``filename`` = the
-    transcript): the existing log is never overwritten.
-    """
-
-    def __str__(self) -> str:
-        return self.strerror or super().__str__()
-
-
-@functools.lru_cache(maxsize=1024)
-def _transcript_path(root: str, cwd: str | None, session_id: str, compression: Compression) -> str:
-    # Pure string work, but escaping the cwd and id costs tens of microseconds, and every append needs the path.
-    return transcript_path(root, cwd, session_id, compression)
-
-
-def _checkpoint() -> None:
-    anyio.from_thread.check_cancelled()
-
-
-def _cwd_of(header: SessionHeader) -> str | None:
-    return header.cwd if isinstance(header.cwd, str) else None
-
-
-class JsonlBackend:
+class JsonlBackend(JsonlReads):
     """Session logs as append-only JSONL files under ``root``, one directory per session.
 
     :param root: required storage root, made absolute once (lexically); created on first materialization.
@@ -128,339 +76,6 @@ class JsonlBackend:
 
     NAME: ClassVar[str] = "jsonl"
     supports_raw_artifacts: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        compression: Compression = "zstd",
-        pack_chunks: bool = True,
-        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-    ) -> None:
-        if compression not in ("zstd", "none"):
-            raise ValueError(f'compression must be "zstd" or "none", got {compression!r}')
-        if type(max_batch_bytes) is not int or not 1024 <= max_batch_bytes <= MAX_DECLARED_BYTES:
-            raise ValueError(f"max_batch_bytes must be an integer from 1024 to {MAX_DECLARED_BYTES}")
-        root_text = os.fspath(root)
-        if not isinstance(root_text, str) or not root_text:
-            raise ValueError("JsonlBackend root must be a non-empty path string")
-        # abspath, not resolve(): symlinks must stay as given so path strings compare as built (spec §1.1).
-        self.root = os.path.abspath(root_text)
-        self.compression: Compression = compression
-        self.pack_chunks = bool(pack_chunks)
-        self.max_batch_bytes = max_batch_bytes
-        self._preflight_done = False
-        # Transcripts this instance knows to be declared (v1): written, upgraded or read as such.
-        self._declared: set[str] = set()
-        # The next seq of each transcript as this instance last saw it, so an append at a wrong seq is refused.
-        self._next_seqs = NextSeqCache()
-        # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
-        self._appenders: dict[str, HeldAppender] = {}
-        # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
-        try:
-            with os.scandir(self.root):
-                pass
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise SessionStorageError.from_os_error("opening the JSONL root", exc, self.root) from exc
-
-    def __repr__(self) -> str:
-        return f"JsonlBackend(root={self.root!r}, compression={self.compression!r}, pack_chunks={self.pack_chunks})"
-
-    # --------------------------------------------------------------------------------------------------------
-    # helpers
-
-    @property
-    def name(self) -> str:
-        """Label used in log lines and teardown errors."""
-        return self.NAME
-
-    async def _run(self, func: Callable[[], _T], action: str) -> _T:
-        try:
-            return await anyio.to_thread.run_sync(func)
-        except SessionPersistenceError:
-            raise
-        except OSError as exc:
-            raise SessionStorageError.from_os_error(action, exc) from exc
-        except MemoryError as exc:
-            raise SessionStorageError(f"{action} failed: out of memory") from exc
-
-    async def _run_shielded(self, func: Callable[[], _T], action: str) -> _T:
-        with anyio.CancelScope(shield=True):
-            result = await self._run(func, action)
-        return result
-
-    def _ensure_preflight(self) -> None:
-        # Memoized on success only: a failed preflight is re-checked on the next call, so fixing the root
-        # (removing the foreign artifact) does not require a new backend instance (spec §5 #88: port decision).
-        if not self._preflight_done:
-            preflight(self.root, self.compression, _checkpoint)
-            self._preflight_done = True
-
-    def _path_for(self, header: SessionHeader) -> str:
-        return _transcript_path(self.root, _cwd_of(header), header.id, self.compression)
-
-    def _decode(self, data: bytes, path: str) -> DecodedLog:
-        """Either format: declared (v1) by its first bytes, else v0 (which must carry a v0 header)."""
-        if is_declared(data[:64], self.compression):
-            self._declared.add(path)
-            return walk_declared(
-                BufferSource(data), self.compression, path, self.max_batch_bytes, checkpoint=_checkpoint
-            )
-        if self.compression == "zstd":
-            log = decode_zstd_log(data, path, _checkpoint, self.max_batch_bytes)
-        else:
-            log = decode_raw_log(data, path, _checkpoint)
-        if log.header.version == DECLARED_FORMAT_VERSION:
-            raise corrupt("corrupt session log: a v1 header in a log without batch declarations", path)
-        return log
-
-    def _find(self, session_id: str) -> str | None:
-        self._ensure_preflight()
-        return find_transcript(self.root, session_id, self.compression, _checkpoint)
-
-    def _read_log(self, session_id: str) -> tuple[DecodedLog, str] | None:
-        path = self._find(session_id)
-        if path is None:
-            return None
-        try:
-            data, revision = stable_read(path)
-        except FileNotFoundError:
-            return None
-        _checkpoint()
-        log = self._decode(data, path)
-        check_identity(self.root, self.compression, path, log.header, session_id)
-        return log, revision
-
-    def _encode_batch(self, events: Sequence[SessionEvent]) -> bytes:
-        plaintext = encode_storage_lines(events, pack_chunks=self.pack_chunks)
-        pair = encode_declared_batch(self.compression, events[0].seq, len(events), plaintext)
-        if len(plaintext) > self.max_batch_bytes or len(pair) - len(plaintext) > self.max_batch_bytes:
-            raise BatchTooLargeError(
-                f"a batch of {len(events)} event(s) from seq {events[0].seq} needs {len(plaintext)} bytes, above "
-                f"max_batch_bytes={self.max_batch_bytes}; nothing was written"
-            )
-        return pair
-
-    def _encode_header(self, storage: StorageMetadata) -> bytes:
-        line = encode_header_line(current_header(storage))
-        if len(line) > min(HEADER_CAP, self.max_batch_bytes):
-            raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")
-        return encode_declared_header(self.compression, line)
-
-    def _is_declared_file(self, path: str, meta: SessionHeader) -> bool:
-        """Whether appends can go straight to ``path`` (a v1 file) or must upgrade it first (a v0 file)."""
-        if meta.version >= DECLARED_FORMAT_VERSION or path in self._declared:
-            return True
-        if is_declared(read_head(path, 64), self.compression):
-            self._declared.add(path)
-            return True
-        return False
-
-    # --------------------------------------------------------------------------------------------------------
-    # pure
-
-    def locate(self, meta: SessionHeader) -> SessionLocation:
-        """Where this session's transcript lives (or would live). No I/O: works before the root exists."""
-        return SessionLocation(kind="jsonl", path=self._path_for(meta))
-
-    # --------------------------------------------------------------------------------------------------------
-    # reads
-
-    async def load_stored(self, session_id: str) -> StoredPrefix | None:
-        """The longest valid contiguous prefix; a torn tail yields a :class:`TornTail` marker; damage raises."""
-        result = await self._run(lambda: self._read_log(session_id), "reading the session log")
-        if result is None:
-            return None
-        log, revision = result
-        if log.torn is None:
-            dev, ino, size = (int(part) for part in revision.split(":")[:3])
-            self._next_seqs.remember(self._path_for(log.header), (dev, ino, size), len(log.events))
-        return StoredPrefix(
-            meta=log.header,
-            inherited_event_count=log.inherited_event_count,
-            events=log.events,
-            revision=revision,
-            torn_marker=log.torn,
-        )
-
-    def _read_suffix(self, session_id: str, from_seq: int) -> StoredSuffix | None:
-        path = self._find(session_id)
-        if path is None:
-            return None
-        while True:
-            try:
-                fd = open_read(path)
-            except FileNotFoundError:
-                return None
-            try:
-                st = os.fstat(fd)
-                if not is_declared(os.pread(fd, 64, 0), self.compression):
-                    break  # v0: no declarations to walk
-                log = walk_declared(
-                    FdSource(fd, st.st_size),
-                    self.compression,
-                    path,
-                    self.max_batch_bytes,
-                    from_seq=from_seq,
-                    checkpoint=_checkpoint,
-                )
-                unchanged = revision_of(os.fstat(fd)) == revision_of(st)
-            finally:
-                os.close(fd)
-            if unchanged:
-                check_identity(self.root, self.compression, path, log.header, session_id)
-                events = [e for e in log.events if e.seq >= from_seq]
-                return StoredSuffix(log.header, log.inherited_event_count, events)
-        result = self._read_log(session_id)
-        if result is None:
-            return None
-        full, _revision = result
-        return StoredSuffix(full.header, full.inherited_event_count, full.events[from_seq:])
-
-    async def load_stored_from(self, session_id: str, from_seq: int) -> StoredSuffix | None:
-        """Events with ``seq >= from_seq``: a v1 log is walked by its declarations, reading only those batches."""
-        if from_seq < 0:
-            raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
-        return await self._run(lambda: self._read_suffix(session_id, from_seq), "reading the session log")
-
-    async def iter_stored(self, session_id: str, from_seq: int) -> AsyncIterator[StoredSuffix]:
-        """Stream the events with ``seq >= from_seq``: a v1 log is walked by its declarations, one bounded run
-        (about 4,096 events) per worker-thread call, reading only the batches from ``from_seq`` on; a v0 log is
-        read whole (its frames declare nothing to seek by). The log is read as it was when the stream opened."""
-        if from_seq < 0:
-            raise ValueError(f"from_seq must be a non-negative integer, got {from_seq}")
-
-        def start() -> DeclaredStream | StoredSuffix:
-            path = self._find(session_id)
-            if path is None:
-                raise SessionNotFoundError(session_id)
-            try:
-                stream = open_stream(path, self.compression, self.max_batch_bytes, from_seq, _checkpoint)
-            except FileNotFoundError:
-                raise SessionNotFoundError(session_id) from None
-            if stream is None:
-                suffix = self._read_suffix(session_id, from_seq)
-                if suffix is None:
-                    raise SessionNotFoundError(session_id)
-                return suffix
-            try:
-                check_identity(self.root, self.compression, path, stream.header, session_id)
-            except BaseException:
-                stream.close()
-                raise
-            return stream
-
-        opened = await self._run(start, "reading the session log")
-        if isinstance(opened, StoredSuffix):
-            yield opened
-            return
-        stream = opened
-        try:
-            meta, cut = stream.header, stream.inherited_event_count
-            yield StoredSuffix(meta, cut, [])
-            while (run := await self._run(stream.next_run, "reading the session log")) is not None:
-                yield StoredSuffix(meta, cut, run)
-        finally:
-            stream.close()
-
-    async def read_stored_revision(self, session_id: str) -> str | None:
-        """The transcript's current stat revision, ``None`` if absent (also when it vanishes after lookup)."""
-
-        def work() -> str | None:
-            path = self._find(session_id)
-            if path is None:
-                return None
-            try:
-                return revision_of(os.lstat(path))
-            except FileNotFoundError:
-                return None
-
-        return await self._run(work, "reading the session revision")
-
-    async def read_raw(self, session_id: str) -> RawArtifact | None:
-        """The stored JSONL text (decoded, declarations left out), torn tail omitted; ``None`` if absent."""
-        return await self._run(lambda: self._read_raw_sync(session_id), "reading the session log")
-
-    def _plaintext(self, data: bytes, path: str) -> bytes:
-        if is_declared(data[:64], self.compression):
-            parts: list[bytes] = []
-            walk_declared(
-                BufferSource(data),
-                self.compression,
-                path,
-                self.max_batch_bytes,
-                plaintexts=parts,
-                checkpoint=_checkpoint,
-            )
-            return b"".join(parts)
-        if self.compression == "none":
-            # Symmetric with zstd: the torn fragment after the last LF is not part of the stored text.
-            return data[: data.rfind(b"\n") + 1]
-        try:
-            scan = scan_frames(data)
-            if not scan.frames:
-                raise corrupt("corrupt Zstandard session log: empty or header-less Zstandard session log", path)
-            out = []
-            for start, end in scan.frames:
-                _checkpoint()
-                out.append(decode_frame(memoryview(data)[start:end], start, cap=self.max_batch_bytes))
-        except FrameError as exc:
-            raise corrupt(str(exc), path) from exc
-        return b"".join(out)
-
-    def _read_raw_sync(self, session_id: str) -> RawArtifact | None:
-        path = self._find(session_id)
-        if path is None:
-            return None
-        try:
-            data, _revision = stable_read(path)
-        except FileNotFoundError:
-            return None
-        plaintext = self._plaintext(data, path)
-        end = plaintext.find(b"\n")
-        invalid = f'corrupt session log: invalid header line in "{path}"'
-        if end < 0:
-            raise corrupt(invalid)
-        try:
-            header, cut = parse_header_line(plaintext[:end], path)
-        except NotAHeaderError as exc:
-            raise corrupt(invalid) from exc
-        if header.id != session_id:
-            raise corrupt(invalid)
-        return RawArtifact(header, cut, RAW_FILENAME, plaintext.decode("utf-8", "replace"))
-
-    def _listing(self) -> tuple[builtins.list[Listed], builtins.list[Damaged]]:
-        self._ensure_preflight()
-        return list_transcripts(self.root, self.compression, self.max_batch_bytes, _checkpoint)
-
-    async def list(self) -> builtins.list[SessionHeader]:
-        """Headers of every listable session (header pair / line / frame 0 only), sorted by path.
-
-        A session whose header is damaged or oversized is left out here and reported by :meth:`list_damaged`;
-        it never fails the listing of the others.
-        """
-        return await self._run(lambda: [entry.header for entry in self._listing()[0]], "listing sessions")
-
-    async def list_damaged(self) -> builtins.list[Damaged]:
-        """Session directories whose header cannot be listed (damaged, oversized, not a header, a symlink)."""
-        return await self._run(lambda: self._listing()[1], "listing sessions")
-
-    async def list_snapshots(self) -> builtins.list[SessionSnapshot]:
-        """Headers with stat revisions; an artifact deleted between discovery and stat is omitted."""
-
-        def work() -> builtins.list[SessionSnapshot]:
-            out: builtins.list[SessionSnapshot] = []
-            for entry in self._listing()[0]:
-                _checkpoint()
-                try:
-                    st = os.lstat(entry.path)
-                except FileNotFoundError:
-                    continue
-                out.append(SessionSnapshot(entry.header, revision_of(st)))
-            return out
-
-        return await self._run(work, "listing sessions")
 
     # --------------------------------------------------------------------------------------------------------
     # writes
@@ -763,9 +378,3 @@ class JsonlBackend:
         for appender in list(self._appenders.values()):
             appender.close()
         self._appenders.clear()
-
-
-def _exists_error(message: str, path: str) -> SessionLogExistsError:
-    exc = SessionLogExistsError(errno.EEXIST, message)
-    exc.filename = path
-    return exc

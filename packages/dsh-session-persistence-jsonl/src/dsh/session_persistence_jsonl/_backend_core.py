@@ -1,0 +1,224 @@
+"""The JSONL backend's base: construction, the worker-thread runners, paths and encoding (no primitives)."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from dsh.session_persistence.backend import (
+    SessionAlreadyExistsError,
+    SessionEvent,
+    SessionHeader,
+    SessionLocation,
+    SessionPersistenceError,
+    SessionStorageError,
+    StorageMetadata,
+    encode_storage_lines,
+)
+
+from ._batches import (
+    DECLARED_FORMAT_VERSION,
+    HEADER_CAP,
+    BatchTooLargeError,
+    BufferSource,
+    encode_declared_batch,
+    encode_declared_header,
+    is_declared,
+    walk_declared,
+)
+from ._bounded import DEFAULT_MAX_BATCH_BYTES
+from ._declarations import MAX_DECLARED_BYTES
+from ._discovery import check_identity, find_transcript, preflight
+from ._fs import (
+    read_head,
+    stable_read,
+)
+from ._held_append import HeldAppender
+from ._layout import Compression, transcript_path
+from ._records import corrupt, encode_header_line
+from ._scan import DecodedLog, decode_raw_log, decode_zstd_log
+from ._seq_guard import NextSeqCache
+from ._upgrade import current_header
+
+__all__ = ["JsonlCore", "SessionLogExistsError"]
+
+_T = TypeVar("_T")
+RAW_FILENAME = "session.jsonl"
+
+
+class SessionLogExistsError(SessionAlreadyExistsError, FileExistsError):
+    """First materialization found a transcript already on disk (or lost a same-id publication race).
+
+    Both a :class:`SessionAlreadyExistsError` and a ``FileExistsError`` (``errno.EEXIST``, ``filename`` = the
+    transcript): the existing log is never overwritten.
+    """
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+@functools.lru_cache(maxsize=1024)
+def _transcript_path(root: str, cwd: str | None, session_id: str, compression: Compression) -> str:
+    # Pure string work, but escaping the cwd and id costs tens of microseconds, and every append needs the path.
+    return transcript_path(root, cwd, session_id, compression)
+
+
+def _checkpoint() -> None:
+    anyio.from_thread.check_cancelled()
+
+
+def _cwd_of(header: SessionHeader) -> str | None:
+    return header.cwd if isinstance(header.cwd, str) else None
+
+
+def _exists_error(message: str, path: str) -> SessionLogExistsError:
+    exc = SessionLogExistsError(errno.EEXIST, message)
+    exc.filename = path
+    return exc
+
+
+class JsonlCore:
+    """What every JSONL primitive builds on (``JsonlBackend`` documents the parameters)."""
+
+    NAME: ClassVar[str] = "jsonl"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        compression: Compression = "zstd",
+        pack_chunks: bool = True,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    ) -> None:
+        if compression not in ("zstd", "none"):
+            raise ValueError(f'compression must be "zstd" or "none", got {compression!r}')
+        if type(max_batch_bytes) is not int or not 1024 <= max_batch_bytes <= MAX_DECLARED_BYTES:
+            raise ValueError(f"max_batch_bytes must be an integer from 1024 to {MAX_DECLARED_BYTES}")
+        root_text = os.fspath(root)
+        if not isinstance(root_text, str) or not root_text:
+            raise ValueError("JsonlBackend root must be a non-empty path string")
+        # abspath, not resolve(): symlinks must stay as given so path strings compare as built (spec §1.1).
+        self.root = os.path.abspath(root_text)
+        self.compression: Compression = compression
+        self.pack_chunks = bool(pack_chunks)
+        self.max_batch_bytes = max_batch_bytes
+        self._preflight_done = False
+        # Transcripts this instance knows to be declared (v1): written, upgraded or read as such.
+        self._declared: set[str] = set()
+        # The next seq of each transcript as this instance last saw it, so an append at a wrong seq is refused.
+        self._next_seqs = NextSeqCache()
+        # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
+        self._appenders: dict[str, HeldAppender] = {}
+        # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
+        try:
+            with os.scandir(self.root):
+                pass
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise SessionStorageError.from_os_error("opening the JSONL root", exc, self.root) from exc
+
+    def __repr__(self) -> str:
+        return f"JsonlBackend(root={self.root!r}, compression={self.compression!r}, pack_chunks={self.pack_chunks})"
+
+    # --------------------------------------------------------------------------------------------------------
+    # helpers
+
+    @property
+    def name(self) -> str:
+        """Label used in log lines and teardown errors."""
+        return self.NAME
+
+    async def _run(self, func: Callable[[], _T], action: str) -> _T:
+        try:
+            return await anyio.to_thread.run_sync(func)
+        except SessionPersistenceError:
+            raise
+        except OSError as exc:
+            raise SessionStorageError.from_os_error(action, exc) from exc
+        except MemoryError as exc:
+            raise SessionStorageError(f"{action} failed: out of memory") from exc
+
+    async def _run_shielded(self, func: Callable[[], _T], action: str) -> _T:
+        with anyio.CancelScope(shield=True):
+            result = await self._run(func, action)
+        return result
+
+    def _ensure_preflight(self) -> None:
+        # Memoized on success only: a failed preflight is re-checked on the next call, so fixing the root
+        # (removing the foreign artifact) does not require a new backend instance (spec §5 #88: port decision).
+        if not self._preflight_done:
+            preflight(self.root, self.compression, _checkpoint)
+            self._preflight_done = True
+
+    def _path_for(self, header: SessionHeader) -> str:
+        return _transcript_path(self.root, _cwd_of(header), header.id, self.compression)
+
+    def _decode(self, data: bytes, path: str) -> DecodedLog:
+        """Either format: declared (v1) by its first bytes, else v0 (which must carry a v0 header)."""
+        if is_declared(data[:64], self.compression):
+            self._declared.add(path)
+            return walk_declared(
+                BufferSource(data), self.compression, path, self.max_batch_bytes, checkpoint=_checkpoint
+            )
+        if self.compression == "zstd":
+            log = decode_zstd_log(data, path, _checkpoint, self.max_batch_bytes)
+        else:
+            log = decode_raw_log(data, path, _checkpoint)
+        if log.header.version == DECLARED_FORMAT_VERSION:
+            raise corrupt("corrupt session log: a v1 header in a log without batch declarations", path)
+        return log
+
+    def _find(self, session_id: str) -> str | None:
+        self._ensure_preflight()
+        return find_transcript(self.root, session_id, self.compression, _checkpoint)
+
+    def _read_log(self, session_id: str) -> tuple[DecodedLog, str] | None:
+        path = self._find(session_id)
+        if path is None:
+            return None
+        try:
+            data, revision = stable_read(path)
+        except FileNotFoundError:
+            return None
+        _checkpoint()
+        log = self._decode(data, path)
+        check_identity(self.root, self.compression, path, log.header, session_id)
+        return log, revision
+
+    def _encode_batch(self, events: Sequence[SessionEvent]) -> bytes:
+        plaintext = encode_storage_lines(events, pack_chunks=self.pack_chunks)
+        pair = encode_declared_batch(self.compression, events[0].seq, len(events), plaintext)
+        if len(plaintext) > self.max_batch_bytes or len(pair) - len(plaintext) > self.max_batch_bytes:
+            raise BatchTooLargeError(
+                f"a batch of {len(events)} event(s) from seq {events[0].seq} needs {len(plaintext)} bytes, above "
+                f"max_batch_bytes={self.max_batch_bytes}; nothing was written"
+            )
+        return pair
+
+    def _encode_header(self, storage: StorageMetadata) -> bytes:
+        line = encode_header_line(current_header(storage))
+        if len(line) > min(HEADER_CAP, self.max_batch_bytes):
+            raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")
+        return encode_declared_header(self.compression, line)
+
+    def _is_declared_file(self, path: str, meta: SessionHeader) -> bool:
+        """Whether appends can go straight to ``path`` (a v1 file) or must upgrade it first (a v0 file)."""
+        if meta.version >= DECLARED_FORMAT_VERSION or path in self._declared:
+            return True
+        if is_declared(read_head(path, 64), self.compression):
+            self._declared.add(path)
+            return True
+        return False
+
+    # --------------------------------------------------------------------------------------------------------
+    # pure
+
+    def locate(self, meta: SessionHeader) -> SessionLocation:
+        """Where this session's transcript lives (or would live). No I/O: works before the root exists."""
+        return SessionLocation(kind="jsonl", path=self._path_for(meta))
