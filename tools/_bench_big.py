@@ -35,6 +35,14 @@ def _rchar() -> int | None:
 
 
 def _peak_rss() -> int:
+    # VmHWM: this address space's peak (ru_maxrss would include the parent's RSS at the fork, kept across exec).
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -1,7 +1,7 @@
 """Bounded reads: decompression bombs and oversized declarations, in the header, a middle and the last batch.
 
 Each damaged file is read by ``load_stored``, ``load_stored_from``, ``read_raw``, ``list`` and ``list_damaged`` in
-a fresh subprocess that reports its peak RSS (``resource.getrusage``): every read is refused as damage of that
+a fresh subprocess that reports its peak RSS (``VmHWM`` of ``/proc/self/status``): every read is refused as damage of that
 one session (never a ``MemoryError``, never the whole root) and the peak stays under a generous bound. That is a
 memory bound, not a timing assertion.
 """
@@ -103,7 +103,10 @@ def _measure(root: Path, compression: str, session_id: str, cap: int | None = No
                 else:
                     out[name] = ([getattr(x, "id", getattr(x, "session_id", None)) for x in result]
                                  if isinstance(result, list) else "ok")
-            out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            # VmHWM is this address space's peak; ru_maxrss would also count the pytest process this child was
+            # forked from (its RSS at the fork survives the exec).
+            hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+            out["rss_mb"] = int(hwm.split()[1]) / 1024
             print(json.dumps(out))
 
         anyio.run(main)
