@@ -23,6 +23,7 @@ from typing import Any
 from ._json import MAX_SAFE_INTEGER, is_safe_int
 
 __all__ = [
+    "ABSENT",
     "CHUNK_ROW_TAGS",
     "MIN_RUN",
     "ChunkRowError",
@@ -30,6 +31,8 @@ __all__ = [
     "expand_chunk_rows",
     "pack_chunk_rows",
     "row_member_count",
+    "run_key",
+    "build_row",
 ]
 
 MIN_RUN = 3
@@ -60,7 +63,7 @@ _TEXT_ROW_DATA_KEYS = frozenset({"turn", "step", "index", "dt", "texts"})
 _TOOL_ROW_DATA_KEYS = frozenset({"turn", "step", "index", "dt", "id", "args"})
 _NAMED_TOOL_ROW_DATA_KEYS = frozenset({"turn", "step", "index", "dt", "id", "name", "args"})
 
-_ABSENT = object()  # marks "no name key" in a run key, distinct from every string
+ABSENT = object()  # marks "no name key" in a run key, distinct from every string
 
 
 class ChunkRowError(ValueError):
@@ -79,7 +82,7 @@ class ChunkRowError(ValueError):
 # Packing
 
 
-def _run_key(event: object) -> tuple[object, ...] | None:
+def run_key(event: object) -> tuple[object, ...] | None:
     """The run identity of a packable delta chunk event, or None when it must be written verbatim.
 
     Only an exactly whitelisted shape qualifies (exact key sets, exact types, safe integers). The key is
@@ -108,7 +111,7 @@ def _run_key(event: object) -> tuple[object, ...] | None:
     if kind == "tool-call-delta":
         keys = chunk.keys()
         if keys == _TOOL_CHUNK_KEYS:
-            name: object = _ABSENT
+            name: object = ABSENT
         elif keys == _NAMED_TOOL_CHUNK_KEYS:
             name = chunk["name"]
             if type(name) is not str:
@@ -123,19 +126,27 @@ def _run_key(event: object) -> tuple[object, ...] | None:
     return None
 
 
-def _build_row(key: tuple[object, ...], run: list[dict[str, Any]]) -> dict[str, Any]:
+def build_row(key: tuple[object, ...], members: Sequence[tuple[int, int, str]]) -> dict[str, Any]:
+    """The row of a run: ``key`` from :func:`run_key`, ``members`` as ``(seq, time, delta text)`` in order."""
     kind, turn, step, index, call_id, name = key
-    times = [ev["time"] for ev in run]
+    times = [member[1] for member in members]
     dt = [b - a for a, b in pairwise(times)]
     data: dict[str, Any] = {"turn": turn, "step": step, "index": index, "dt": dt}
+    deltas = [member[2] for member in members]
     if kind == "tool-call-delta":
         data["id"] = call_id
-        if name is not _ABSENT:
+        if name is not ABSENT:
             data["name"] = name
-        data["args"] = [ev["data"]["chunk"]["argumentsDelta"] for ev in run]
+        data["args"] = deltas
     else:
-        data["texts"] = [ev["data"]["chunk"]["text"] for ev in run]
-    return {"type": _TAG_OF_KIND[kind], "seq0": run[0]["seq"], "time0": times[0], "data": data}  # type: ignore[index]
+        data["texts"] = deltas
+    return {"type": _TAG_OF_KIND[kind], "seq0": members[0][0], "time0": times[0], "data": data}  # type: ignore[index]
+
+
+def _member(key: tuple[object, ...], event: dict[str, Any]) -> tuple[int, int, str]:
+    chunk = event["data"]["chunk"]
+    delta = chunk["argumentsDelta"] if key[0] == "tool-call-delta" else chunk["text"]
+    return event["seq"], event["time"], delta
 
 
 def pack_chunk_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -148,22 +159,22 @@ def pack_chunk_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     out: list[dict[str, Any]] = []
     run: list[dict[str, Any]] = []
-    run_key: tuple[object, ...] | None = None
+    current: tuple[object, ...] | None = None
 
     def flush() -> None:
-        if run_key is not None and len(run) >= MIN_RUN:
-            out.append(_build_row(run_key, run))
+        if current is not None and len(run) >= MIN_RUN:
+            out.append(build_row(current, [_member(current, event) for event in run]))
         else:
             out.extend(run)
 
     for event in events:
-        key = _run_key(event)
+        key = run_key(event)
         if key is None:
             flush()
-            run, run_key = [], None
+            run, current = [], None
             out.append(event)
             continue
-        if key == run_key:
+        if key == current:
             prev = run[-1]
             # Both times are safe ints, so the gap is exact in Python; it must itself be safe so that
             # JS readers (and our row validation) can represent it: 2**53-1 minus its negation is not.
@@ -171,7 +182,7 @@ def pack_chunk_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 run.append(event)
                 continue
         flush()
-        run, run_key = [event], key
+        run, current = [event], key
     flush()
     return out
 

@@ -17,7 +17,8 @@ from typing import Any, Union
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from ._chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, pack_chunk_rows, row_member_count
+from ._chunk_pack import encode_chunk_run
+from ._chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, row_member_count
 from ._event_codec import check_typed_surface, decode_event, decode_event_line, encode_event
 from ._events import (
     AssistantChunk,
@@ -56,26 +57,26 @@ class StorageLineError(ValueError):
 def encode_storage_lines(events: Sequence[SessionEvent], *, pack_chunks: bool) -> bytes:
     """A batch's storage lines joined by LF plus one trailing LF (``b""`` for an empty batch).
 
-    With ``pack_chunks`` each run of packable ``assistant/chunk`` deltas becomes one chunk row. Only such runs go
-    through the (dict-based) packer; every other event ends a run anyway, so it is encoded straight from its
-    struct: the same bytes as packing the whole batch, without a JSON round trip per event.
+    With ``pack_chunks`` each run of packable ``assistant/chunk`` deltas becomes one chunk row. Only chunk events
+    go through the packer (on their structs, :func:`~._chunk_pack.encode_chunk_run`); every other event ends a run
+    anyway, so it is encoded straight from its struct: the same bytes as packing the whole batch as plain JSON.
     """
     if not events:
         return b""
     if not pack_chunks:
         return b"\n".join(encode_event(e) for e in events) + b"\n"
     lines: list[bytes] = []
-    run: list[SessionEvent] = []
+    run: list[AssistantChunk] = []
     for event in events:
         if type(event) is AssistantChunk:
             run.append(event)
             continue
         if run:
-            lines.extend(_encoder.encode(r) for r in pack_chunk_rows(msgspec.to_builtins(run)))
+            lines.extend(encode_chunk_run(run))
             run = []
         lines.append(encode_event(event))
     if run:
-        lines.extend(_encoder.encode(r) for r in pack_chunk_rows(msgspec.to_builtins(run)))
+        lines.extend(encode_chunk_run(run))
     return b"\n".join(lines) + b"\n"
 
 
