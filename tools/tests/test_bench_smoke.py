@@ -75,6 +75,10 @@ def _positive(value: object) -> bool:
         ("many_sessions", "asyncio-100", "p99_ms"),
         ("many_sessions", "trio-100", "p99_ms"),
         ("many_sessions", "trio-100", "cpu_us_per_barrier"),
+        ("agent_loop", "events_per_turn"),
+        ("agent_loop", "ms_per_turn", "none"),
+        ("agent_loop", "ms_per_turn", "memory"),
+        ("agent_loop", "ms_per_turn", "jsonl"),
         ("workload", "events"),
         ("workload", "durable_points"),
         ("machine", "nproc"),
@@ -115,3 +119,11 @@ def test_skipped_postgres_is_reported_unavailable_not_zero(figures: dict[str, An
     assert set(figures["postgres_ratio"].values()) == {None}
     # The JSONL load figures are untouched by the postgres key.
     assert "postgres" not in figures["load"]["100MB"]["mb_per_s"]
+
+
+def test_agent_loop_reports_persistence_per_turn_for_both_backends(figures: dict[str, Any]) -> None:
+    # A difference of two timings: its sign is the machine's business, so only its presence and type are checked.
+    added = figures["agent_loop"]["persistence_ms_per_turn"]
+    assert set(added) == {"memory", "jsonl"}
+    assert all(isinstance(value, float) for value in added.values())
+    assert figures["agent_loop"]["turns"] > 0

@@ -1,0 +1,109 @@
+"""The agent-loop figure of ``tools/bench`` (issue #16): persistence added per turn by the full agent loop.
+
+Kept beside the script because ``tools/bench`` is a self-contained tool: it imports this module by path.
+
+The loop is the reference :class:`~dsh.session_persistence.loop.AgentLoop` with the checkpoint policy, driven by the
+scripted adapter (no network, no model): per turn a user message (~200 B); step 1 streams ~1 KB of text as
+token-sized chunks and two tool calls; the two tools return ~2 KB each; step 2 streams a short final answer (the loop
+asks the model again after tool results, so a turn with tools has two steps). That is the commit workload of section
+2 as a real loop produces it: the checkpoint policy flushes before each pre-step, each model request and each tool
+body.
+
+:func:`loop_turns` runs ``turns`` such turns in one process on one of three persistence setups:
+
+* ``"none"``: no coordinator; the policy finds no ``session_flush`` implementation and passes through (the loop's own
+  cost: adapter, assembler, events, hooks);
+* ``"memory"``: a ``PersistenceCoordinator`` over the in-memory backend (the coordinator's machinery, no disk);
+* ``"jsonl"``: a ``PersistenceCoordinator`` over ``JsonlBackend`` (zstd) in ``where`` (real ``fsync``).
+
+Persistence per turn is ``jsonl - none`` (and ``memory - none`` for the part that is not the disk), from runs
+interleaved in one process.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dsh.session_checkpoint_policy import NAME as POLICY_NAME
+from dsh.session_checkpoint_policy import CheckpointPolicy
+from dsh.session_persistence import Host, MemoryBackend, PersistenceCoordinator, SessionStore
+from dsh.session_persistence.loop import AgentLoop
+from dsh.session_persistence.testing import (
+    ScriptedAdapter,
+    ScriptedResponse,
+    ScriptedTool,
+    TextResponse,
+    ToolCallResponse,
+)
+from dsh.session_persistence_jsonl import JsonlBackend
+
+__all__ = ["LoopRun", "SETUPS", "loop_turns"]
+
+SETUPS = ("none", "memory", "jsonl")
+_WORDS = ("agent", "session", "durable", "tool", "result", "model", "stream", "commit", "batch", "event", "turn")
+
+
+def _text(rng: random.Random, size: int) -> str:
+    out: list[str] = []
+    length = 0
+    while length < size:
+        word = rng.choice(_WORDS)
+        out.append(word)
+        length += len(word) + 1
+    return " ".join(out)[:size]
+
+
+@dataclass
+class LoopRun:
+    setup: str
+    turns: int
+    seconds: float
+    events: int
+
+
+def _responses(turns: int, rng: random.Random) -> Iterator[ScriptedResponse]:
+    for turn in range(1, turns + 1):
+        calls = (
+            (f"call-{turn}-1", "read_file", {"path": f"src/m{rng.randint(0, 99)}.py"}),
+            (f"call-{turn}-2", "run_tests", {"path": f"tests/t{rng.randint(0, 99)}.py"}),
+        )
+        yield ToolCallResponse(calls, text=_text(rng, 1000))
+        yield TextResponse(_text(rng, 60))
+
+
+async def loop_turns(setup: str, turns: int, where: str, seed: int = 13) -> LoopRun:
+    """``turns`` agent-loop turns on ``setup`` (see the module doc); the clock covers the turns only."""
+    if setup not in SETUPS:
+        raise ValueError(f"unknown setup {setup!r}")
+    rng = random.Random(seed)
+    host = Host()
+    host.register(CheckpointPolicy(), name=POLICY_NAME)
+    store = SessionStore(host)
+    tools = [ScriptedTool("read_file", output=_text(rng, 2000)), ScriptedTool("run_tests", output=_text(rng, 2000))]
+    adapter = ScriptedAdapter(_responses(turns, rng), provider="openai", model="gpt-bench")
+    users = [_text(rng, 200) for _ in range(turns)]
+
+    async def drive() -> tuple[float, int]:
+        loop = AgentLoop(host, store, adapter, tools, session_id="loop-bench", system="You are a coding agent.")
+        try:
+            start = time.perf_counter()
+            for text in users:
+                await loop.run_turn(text)
+            seconds = time.perf_counter() - start
+            events = len(loop.session.events)
+        finally:
+            loop.close()
+        store.dispose(loop.session)
+        return seconds, events
+
+    if setup == "none":
+        seconds, events = await drive()
+        return LoopRun(setup, turns, seconds, events)
+    backend: Any = MemoryBackend() if setup == "memory" else JsonlBackend(where)
+    async with PersistenceCoordinator(host, backend):
+        seconds, events = await drive()
+    return LoopRun(setup, turns, seconds, events)
