@@ -93,6 +93,9 @@ class Retirement:
 
         async def flush_one(index: int, session: Session) -> None:
             entry = self.live.live.get(session)  # before the flush: a concurrent retirement may drop it
+            if entry is None:
+                # Its retirement ran first and dropped it, which it does only after its final flush: done.
+                return
             try:
                 await self.live.flush(session)
             except Exception as exc:
