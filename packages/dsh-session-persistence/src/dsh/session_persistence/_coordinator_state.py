@@ -71,6 +71,18 @@ class Outcome:
         if self.error is not None:
             raise self.error
 
+    def settled(self) -> bool:
+        """``True`` if already settled (raising its error, as :meth:`wait` would), ``False`` if still pending.
+
+        For the per-commit paths: waiting on an event that is already set still yields to the event loop once,
+        and a durable write waits on its session's initialization at least twice.
+        """
+        if not self.done.is_set():
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
+
 
 class CoordinatorCore:
     """The state every part of the coordinator reads and updates (one instance per coordinator)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from anyio.lowlevel import checkpoint_if_cancelled
 from msgspec import UNSET
 
 from ._backend import StorageMetadata
@@ -107,7 +108,8 @@ class LivePath:
         session_id = session.id
 
         async def write(batch: builtins.list[SessionEvent]) -> None:
-            await live_entry.init.wait()
+            if not live_entry.init.settled():
+                await live_entry.init.wait()
             await core.chains.run(session_id, lambda: self.write_live(session, batch))
 
         def report(error: BaseException) -> None:
@@ -240,11 +242,15 @@ class LivePath:
                 raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
             live = self.ensure_live(session)
         live.writes.cancel_automatic_wait()
-        try:
-            await live.init.wait()
-        except BaseException:
-            live.writes.cancel_automatic_wait()
-            raise
+        if not live.init.settled():
+            try:
+                await live.init.wait()
+            except BaseException:
+                live.writes.cancel_automatic_wait()
+                raise
+        else:
+            # No suspension on this path when nothing is pending, but a cancelled caller still stops here.
+            await checkpoint_if_cancelled()
         await live.writes.flush()
 
     async def load_live(self, session: Session) -> SessionInspection:
