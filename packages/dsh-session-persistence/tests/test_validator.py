@@ -146,7 +146,7 @@ def test_chunk_seq_order_is_checked_in_batch() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# check_log: the one-pass check of a whole stored log agrees with the separate checks
+# _check_log: the one-pass check of a whole stored log agrees with the separate checks
 
 
 def _spec_event(seq: int, spec: tuple[str, Any]) -> SessionEvent:
@@ -208,11 +208,11 @@ def test_check_log_accepts_exactly_what_the_separate_checks_accept(
     expected = _separately(events)
     fast = TurnValidator()
     try:
-        accepted = fast.check_log(events)
+        accepted = fast._check_log(events)
     except TurnInvariantError:
         accepted = False
     if accepted:
-        assert expected is not None, "check_log accepted a log a separate check refuses"
+        assert expected is not None, "_check_log accepted a log a separate check refuses"
         assert _state(fast) == _state(expected)
     elif expected is not None:
         # Declining is allowed only for an OpaqueEvent (ignorable unknowns pass the separate checks).
@@ -222,10 +222,10 @@ def test_check_log_accepts_exactly_what_the_separate_checks_accept(
 def test_check_log_takes_the_fast_path_on_a_streamed_log_and_declines_a_gap() -> None:
     events = log(TS1, SS11, _chunk(1, 1), _chunk(1, 1), SE11, TE1)
     validator = TurnValidator()
-    assert validator.check_log(events)
+    assert validator._check_log(events)
     assert _state(validator) == _state(validate_turns(events))
     gapped = [*events[:3], *log(TS1, SS11, _chunk(1, 1), _chunk(1, 1), SE11, TE1)[4:]]
-    assert not TurnValidator().check_log(gapped)
+    assert not TurnValidator()._check_log(gapped)
     used = TurnValidator()
     used.check(events[0])
-    assert not used.check_log(events[1:])  # contiguity is from seq 0: only a fresh validator
+    assert not used._check_log(events[1:])  # contiguity is from seq 0: only a fresh validator

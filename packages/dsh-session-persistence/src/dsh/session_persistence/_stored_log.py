@@ -76,11 +76,11 @@ def _check_cut(session_id: str, cut: object, stored: int) -> None:
 
 
 def _one_pass(events: Sequence[SessionEvent]) -> TurnValidator | None:
-    """Contiguity, turn rules and known types of a whole log in one walk (:meth:`TurnValidator.check_log`), or
+    """Contiguity, turn rules and known types of a whole log in one walk (:meth:`TurnValidator._check_log`), or
     ``None`` when that pass did not accept the log."""
     validator = TurnValidator()
     try:
-        accepted = validator.check_log(events)
+        accepted = validator._check_log(events)
     except Exception:  # whatever it is, the separate checks decide and name it
         return None
     return validator if accepted else None

@@ -127,7 +127,7 @@ class TurnValidator:
                     continue
             check(event)
 
-    def check_log(self, events: Sequence[SessionEvent]) -> bool:
+    def _check_log(self, events: Sequence[SessionEvent]) -> bool:
         """:meth:`check_all` over a whole stored log in the same pass as its seq contiguity and its event types.
 
         ``True``: ``events`` carry the seqs ``0, 1, ...``, hold no ``OpaqueEvent`` and pass the turn rules (the
