@@ -10,6 +10,7 @@ the two paths is a tested property.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from itertools import accumulate
 from typing import Annotated, Any, Union
@@ -30,11 +31,18 @@ from ._events import (
 )
 from ._json import MAX_SAFE_INTEGER
 
-__all__ = ["StorageLineError", "decode_storage_line", "decode_storage_lines", "encode_storage_lines"]
+__all__ = [
+    "StorageLineError",
+    "decode_storage_line",
+    "decode_storage_lines",
+    "decode_storage_lines_from",
+    "encode_storage_lines",
+]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ChunkEvents = list[AssistantChunk]
+_seq_of = operator.attrgetter("seq")
 _ROW_PREFIXES = tuple(b'{"type":"' + tag.encode() + b'"' for tag in sorted(CHUNK_ROW_TAGS))
 
 
@@ -300,9 +308,19 @@ def decode_storage_lines(data: bytes) -> list[SessionEvent]:
     line number in ``line``), or when ``data`` does not end with LF. Seq contiguity is not checked here
     (:func:`~dsh.session_persistence.backend.check_contiguous` does that).
     """
-    events = _batch(data)
-    if events is not None:
-        return events
+    return decode_storage_lines_from(data, 0)[0]
+
+
+def decode_storage_lines_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool]:
+    """:func:`decode_storage_lines`, and whether the events carry exactly the seqs ``first_seq, first_seq + 1, ...``.
+
+    For a reader that holds a batch's declared first seq: the answer comes per line (a chunk row's members are
+    contiguous by construction), not per event. Same errors as :func:`decode_storage_lines`; a ``False`` is for
+    the caller to word (it knows the batch).
+    """
+    fast = _batch_from(data, first_seq)
+    if fast is not None:
+        return fast
     lines = data.split(b"\n")
     fragment = lines.pop()
     out: list[SessionEvent] = []
@@ -313,20 +331,30 @@ def decode_storage_lines(data: bytes) -> list[SessionEvent]:
             raise StorageLineError(str(exc), number) from exc.__cause__
     if fragment:
         raise StorageLineError("storage line without a terminating LF", len(lines) + 1)
-    return out
+    return out, list(map(_seq_of, out)) == list(range(first_seq, first_seq + len(out)))
 
 
 def _batch(data: bytes) -> list[SessionEvent] | None:
-    """The batch fast path of :func:`decode_storage_lines`, or ``None``: leave the data to the per-line path.
+    """The batch fast path of :func:`decode_storage_lines`, or ``None`` (see :func:`_batch_from`)."""
+    fast = _batch_from(data, 0)
+    return None if fast is None else fast[0]
+
+
+def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] | None:
+    """The batch fast path of :func:`decode_storage_lines_from`, or ``None``: leave the data to the per-line path.
 
     Taken in the common case (every line a known event or a valid chunk row): each line is decoded on its own by
     one typed decoder in a C-level ``map`` (so whitespace and line boundaries mean exactly what they mean to
     :func:`decode_storage_line`), surface events get :func:`decode_event_line`'s post-checks, and rows go through
     :func:`_row_members`. Any exception or refusal returns ``None``, so error texts come from the per-line path.
+    Contiguity from ``first_seq`` is followed line by line: an event line holds its seq, a row ``seq0`` and the
+    members after it.
     """
     lines = data.split(b"\n")
     if lines.pop():
         return None  # no final LF: the per-line path reports the fragment
+    expected = first_seq
+    contiguous = True
     try:
         values = list(map(_batch_decoder.decode, lines))
         events: list[SessionEvent] = []
@@ -336,6 +364,9 @@ def _batch(data: bytes) -> list[SessionEvent] | None:
                 if value.surface:
                     check_typed_surface(value)
                 events.append(value)
+                if value.seq != expected:
+                    contiguous = False
+                expected = value.seq + 1
                 continue
             row = value.data
             tool = tag == "tool-call-chunks"
@@ -354,6 +385,9 @@ def _batch(data: bytes) -> list[SessionEvent] | None:
             if built is None:
                 return None
             events.extend(built)
+            if value.seq0 != expected:
+                contiguous = False
+            expected = value.seq0 + len(built)
     except Exception:  # anything at all: the per-line path decides and names it
         return None
-    return events
+    return events, contiguous
