@@ -63,6 +63,8 @@ class LoopRun:
     turns: int
     seconds: float
     events: int
+    #: Process CPU time over the same turns (every thread: the worker threads' encoding and writes included).
+    cpu_seconds: float
 
 
 def _responses(turns: int, rng: random.Random) -> Iterator[ScriptedResponse]:
@@ -87,23 +89,23 @@ async def loop_turns(setup: str, turns: int, where: str, seed: int = 13) -> Loop
     adapter = ScriptedAdapter(_responses(turns, rng), provider="openai", model="gpt-bench")
     users = [_text(rng, 200) for _ in range(turns)]
 
-    async def drive() -> tuple[float, int]:
+    async def drive() -> tuple[float, float, int]:
         loop = AgentLoop(host, store, adapter, tools, session_id="loop-bench", system="You are a coding agent.")
         try:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             for text in users:
                 await loop.run_turn(text)
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
             events = len(loop.session.events)
         finally:
             loop.close()
         store.dispose(loop.session)
-        return seconds, events
+        return seconds, cpu, events
 
     if setup == "none":
-        seconds, events = await drive()
-        return LoopRun(setup, turns, seconds, events)
+        seconds, cpu, events = await drive()
+        return LoopRun(setup, turns, seconds, events, cpu)
     backend: Any = MemoryBackend() if setup == "memory" else JsonlBackend(where)
     async with PersistenceCoordinator(host, backend):
-        seconds, events = await drive()
-    return LoopRun(setup, turns, seconds, events)
+        seconds, cpu, events = await drive()
+    return LoopRun(setup, turns, seconds, events, cpu)

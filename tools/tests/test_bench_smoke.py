@@ -123,7 +123,8 @@ def test_skipped_postgres_is_reported_unavailable_not_zero(figures: dict[str, An
 
 def test_agent_loop_reports_persistence_per_turn_for_both_backends(figures: dict[str, Any]) -> None:
     # A difference of two timings: its sign is the machine's business, so only its presence and type are checked.
-    added = figures["agent_loop"]["persistence_ms_per_turn"]
-    assert set(added) == {"memory", "jsonl"}
-    assert all(isinstance(value, float) for value in added.values())
+    for key in ("persistence_ms_per_turn", "persistence_cpu_ms_per_turn"):
+        added = figures["agent_loop"][key]
+        assert set(added) == {"memory", "jsonl"}
+        assert all(isinstance(value, float) for value in added.values())
     assert figures["agent_loop"]["turns"] > 0
