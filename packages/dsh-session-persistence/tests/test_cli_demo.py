@@ -145,3 +145,15 @@ def test_a_real_model_without_the_adapter_installed_names_the_pip_install(tmp_pa
             assert (error["code"], error["exit"]) == ("adapter_missing", 4)
             assert "pip install dsh-session-adapter-openai" in error["message"]
     assert not root.exists()  # refused before the root, the work directory or the child
+
+
+def test_the_documented_real_model_flags_are_the_demos(capsys: pytest.CaptureFixture[str]) -> None:
+    """The READMEs' ``demo --model NAME [--base-url URL] [--api-key KEY]`` is what the parser accepts."""
+    code, _, err = run_in_process(["demo", "--help"])  # argparse prints help on sys.stdout
+    assert code == 0, err
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in ("--model NAME", "--base-url URL", "--api-key KEY", "$OPENAI_BASE_URL", "$OPENAI_API_KEY"):
+        assert flag in out
+    repo = Path(__file__).resolve().parents[3]
+    for readme in ("README.md", "README.zh.md"):
+        assert "`--model NAME [--base-url URL] [--api-key KEY]`" in (repo / readme).read_text(encoding="utf-8")
