@@ -39,7 +39,7 @@ def demo(tmp_path: Path, *argv: str, key: str | None = "test-key") -> subprocess
     )
 
 
-def crash_and_resume_replies() -> list[StreamReply]:
+def crash_and_resume_replies() -> list[StreamReply | StatusReply]:
     return [
         # Turn 1 (child): the weather, then the answer.
         tool_call_reply([("call_weather", "get_weather", {"city": "Lisbon"})]),
@@ -103,17 +103,31 @@ def test_demo_on_the_openai_adapter_kills_resumes_and_tells_the_model_the_truth(
     assert verify.returncode == 0 and json.loads(verify.stdout)["ok"] is True, verify.stdout
 
 
-def test_human_output_names_the_model_and_counts_what_it_did(tmp_path: Path) -> None:
-    with FakeChatServer(crash_and_resume_replies()) as server:
+def test_a_careless_model_is_reported_not_judged_and_the_key_flag_reaches_both_processes(tmp_path: Path) -> None:
+    again = tool_call_reply([("call_deposit_again", "pay_deposit", {"restaurant": "Taberna", "amount_eur": 20})])
+    replies = [*crash_and_resume_replies()[:3], again, text_reply("Paid.")]
+    with FakeChatServer(replies) as server:
         url = server.base_url
-        result = demo(tmp_path, "--model", "fake-model", "--base-url", url)
+        result = demo(tmp_path, "--model", "fake-model", "--base-url", url, "--api-key", "flag-key", key=None)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert f"demo: model fake-model at {url} (dsh-session-adapter-openai)" in out
     assert "append tool/result TOOL_OUTCOME_UNKNOWN for call call_deposit" in out
     assert "turn 3 ended: completed" in out
-    assert "the ledger holds 1\ncharge(s) and the outbox 1 receipt(s)" in out
-    assert "test-key" not in out + result.stderr  # the key is never printed
+    # The model was told the truth and paid again anyway: the demo says so instead of failing or hiding it.
+    assert "the ledger holds 2\ncharge(s) and the outbox 0 receipt(s) (completed turn 3: Paid.)" in out
+    assert {h["authorization"] for h in server.headers} == {"Bearer flag-key"}  # the child got it by environment
+    assert len(server.requests) == 5
+    assert "flag-key" not in out + result.stderr  # the key is never printed
+
+
+def test_a_model_that_fails_after_the_resume_fails_the_demo(tmp_path: Path) -> None:
+    refused = StatusReply(400, {"error": {"message": "context too long", "type": "invalid_request_error"}})
+    with FakeChatServer([*crash_and_resume_replies()[:3], refused]) as server:
+        result = demo(tmp_path, "--model", "fake-model", "--base-url", server.base_url)
+    assert result.returncode == 6, result.stdout + result.stderr
+    assert "the model failed in the resumed turn: BAD_REQUEST: " in result.stderr
+    assert "context too long" in result.stderr
 
 
 def test_a_model_that_fails_stops_the_demo_with_its_error(tmp_path: Path) -> None:
