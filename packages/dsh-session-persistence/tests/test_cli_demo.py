@@ -107,11 +107,12 @@ def test_incomplete_real_model_options_are_usage_errors_before_anything_runs(
     assert not root.exists()
 
 
-def site_without_the_adapter(tmp_path: Path) -> Path:
+def site_without_the_adapter(tmp_path: Path, *, broken: bool = False) -> Path:
     """The site-packages holding this installation, mirrored by symlinks minus dsh-session-adapter-openai's files.
 
     A real install layout where the adapter distribution is absent (no dist-info, no path entry), whether or not
-    the test environment has it.
+    the test environment has it. ``broken``: in its place, an installed distribution of that name whose
+    ``dsh.session.adapters`` entry point names a module that is not there (a half-removed install).
     """
     site = Path(str(importlib.metadata.distribution("dsh-session-persistence").locate_file("")))
     mirror = tmp_path / "site"
@@ -119,11 +120,26 @@ def site_without_the_adapter(tmp_path: Path) -> Path:
     for entry in site.iterdir():
         if "dsh_session_adapter_openai" not in entry.name:
             (mirror / entry.name).symlink_to(entry)
+    if broken:
+        info = mirror / "dsh_session_adapter_openai-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dsh-session-adapter-openai\nVersion: 0.1.0\n")
+        (info / "entry_points.txt").write_text("[dsh.session.adapters]\nopenai = dsh_gone_adapter:OpenAIChatAdapter\n")
     return mirror
 
 
-def test_a_real_model_without_the_adapter_installed_names_the_pip_install(tmp_path: Path) -> None:
-    mirror = site_without_the_adapter(tmp_path)
+@pytest.mark.parametrize(
+    ("broken", "says"),
+    [
+        (False, "no 'openai' entry point in the group dsh.session.adapters"),
+        (True, "the 'openai' model adapter does not load (ModuleNotFoundError: No module named 'dsh_gone_adapter')"),
+    ],
+    ids=["absent", "broken"],
+)
+def test_a_real_model_without_the_adapter_installed_names_the_pip_install(
+    tmp_path: Path, broken: bool, says: str
+) -> None:
+    mirror = site_without_the_adapter(tmp_path, broken=broken)
     launcher = "import site, sys; site.addsitedir(sys.argv.pop(1)); from dsh.session_persistence._cli._main import "
     launcher += "main; sys.exit(main())"
     root = tmp_path / "sessions"
@@ -139,7 +155,7 @@ def test_a_real_model_without_the_adapter_installed_names_the_pip_install(tmp_pa
             env=env,
         )
         assert done.returncode == 4, done.stdout + done.stderr
-        assert "pip install dsh-session-adapter-openai" in done.stderr
+        assert "pip install dsh-session-adapter-openai" in done.stderr and says in done.stderr, done.stderr
         if as_json:
             error = json.loads(done.stdout)["error"]
             assert (error["code"], error["exit"]) == ("adapter_missing", 4)
