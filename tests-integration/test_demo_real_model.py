@@ -76,8 +76,14 @@ def test_demo_on_the_openai_adapter_kills_resumes_and_tells_the_model_the_truth(
     for body in server.requests:
         assert body["model"] == "fake-model"
         assert [t["function"]["name"] for t in body["tools"]] == TOOLS
-        assert all(t["function"]["parameters"]["type"] == "object" for t in body["tools"])
+        assert all(t["function"]["description"] for t in body["tools"])
         assert body["messages"][0]["role"] == "system"
+    pay = next(t["function"] for t in server.requests[0]["tools"] if t["function"]["name"] == "pay_deposit")
+    assert pay["parameters"] == {
+        "type": "object",
+        "properties": {"restaurant": {"type": "string"}, "amount_eur": {"type": "number"}},
+        "required": ["restaurant", "amount_eur"],
+    }
     # The first request after the resume carries the repaired turn 2: the model learns the deposit's outcome is
     # unknown (not that it failed, not silence) and that the receipt certainly never went out.
     resumed = server.requests[3]["messages"]
