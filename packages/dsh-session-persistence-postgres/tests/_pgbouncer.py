@@ -3,6 +3,7 @@
 Started in the foreground as a child process (as the cluster's unprivileged user when the tests run as root:
 pgbouncer refuses root), on a free loopback port, with a small server pool so that clients really share
 server connections. Without the binary the tests skip, or fail under ``DSH_REQUIRE_POSTGRES=1``.
+``DSH_KEEP_BOUNCER_LOG=1`` keeps its directory (``pgbouncer.log``) for a post-mortem.
 """
 
 from __future__ import annotations
@@ -106,4 +107,5 @@ def running_bouncer(cluster: PgCluster, pool_size: int = 2) -> Iterator[Bouncer]
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-        shutil.rmtree(root, ignore_errors=True)
+        if not os.environ.get("DSH_KEEP_BOUNCER_LOG"):
+            shutil.rmtree(root, ignore_errors=True)

@@ -13,7 +13,7 @@ message is a type byte and a length), which is what lets the proxy act on one pr
 
 ``client_turns`` counts the round trips: a chunk from the client after the server last spoke starts a new one
 (the client sent, then had to wait for an answer before sending more). ``round_trips`` counts the server's
-``ReadyForQuery`` messages (sync points, several per pipeline).
+``ReadyForQuery`` messages (one per primitive: each is one simple-protocol message).
 """
 
 from __future__ import annotations

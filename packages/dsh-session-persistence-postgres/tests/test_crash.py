@@ -135,7 +135,7 @@ async def test_kill_while_a_batch_waits_inside_its_transaction(cluster: PgCluste
             cluster,
             storage,
             batch,
-            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH s AS (UPDATE%'",
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%WITH s AS (UPDATE%' AND pid <> pg_backend_pid()",
             restart=False,
             retry_timeout=0.5,
         )
@@ -159,7 +159,7 @@ async def test_kill_during_a_large_batch_settles_by_reading_back(cluster: PgClus
         cluster,
         storage,
         batch,
-        "SELECT count(*) > 0 FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'WITH s AS (UPDATE%'",
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%WITH s AS (UPDATE%' AND pid <> pg_backend_pid()",
         restart=True,
         retry_timeout=60,
     )

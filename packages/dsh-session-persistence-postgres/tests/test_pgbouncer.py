@@ -8,14 +8,20 @@ session-level state.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from dsh.session_persistence.backend import StorageMetadata
 from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
+from psycopg_pool import ConnectionPool
 
 from ._pgbouncer import Bouncer, running_bouncer
 from ._pgserver import PgCluster
@@ -61,3 +67,54 @@ async def test_many_clients_share_two_server_connections(bouncer: Bouncer) -> No
     finally:
         for backend in backends:
             await backend.aclose()
+
+
+def _frontend_messages(traces: Path) -> list[str]:
+    """The message types the client sent, from libpq's protocol traces (``time  F  length  Type  ...``)."""
+    return [
+        line.split("\t")[3]
+        for path in sorted(traces.iterdir())
+        for line in path.read_text().splitlines()
+        if line.split("\t")[1:2] == ["F"]
+    ]
+
+
+async def test_every_primitive_is_one_simple_query_message(pg_cluster: PgCluster) -> None:
+    """Each primitive sends one ``Query`` message: one round trip, one ``ReadyForQuery``, nothing after it.
+
+    This is what keeps a transaction-mode pooler sound: psycopg's pipeline mode ends with ``Sync`` then ``Flush``,
+    and a ``Flush`` reaching pgbouncer 1.18 after the ``Sync``'s reply leaks a server connection (the test above
+    hung that way, 2 runs in 15 on a loaded machine). Proven on the wire: libpq's protocol trace of every pooled
+    connection the backend uses, for every primitive.
+    """
+    traces = Path(tempfile.mkdtemp(prefix="dsh-pgtrace-"))
+    files: list[Any] = []
+
+    def trace(conn: psycopg.Connection[Any]) -> None:
+        f = open(traces / f"{len(files)}.trace", "w")  # noqa: SIM115 - closed after the pool
+        files.append(f)
+        conn.pgconn.trace(f.fileno())
+
+    pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        pg_cluster.dsn, kwargs=TRANSACTION_MODE, configure=trace, min_size=1, max_size=1, open=True
+    )
+    schema = f"trace_{uuid.uuid4().hex[:10]}"
+    try:
+        backend = PostgresBackend(schema=schema, pool=pool)
+        storage = StorageMetadata(meta("t"))
+        await backend.append_batch(storage, one_turn_log(), False)
+        await backend.append_batch(storage, simple_turn(6, 2), True)
+        assert await backend.load_stored("t") is not None
+        assert await backend.load_stored_from("t", 6) is not None
+        await backend.list()
+        await backend.rewrite(storage, one_turn_log())
+        await backend.delete("t")
+        await backend.aclose()
+    finally:
+        pool.close()
+        for f in files:
+            f.close()
+    sent = _frontend_messages(traces)
+    shutil.rmtree(traces, ignore_errors=True)
+    assert sent.count("Query") == 7, sent
+    assert set(sent) <= {"Query", "Terminate"}, sent

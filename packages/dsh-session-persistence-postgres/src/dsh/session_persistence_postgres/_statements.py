@@ -1,7 +1,7 @@
 """The SQL of every primitive, composed once per schema.
 
 Each write is one statement (data-modifying CTEs), so with the transaction's ``BEGIN``, its timeouts and its
-``COMMIT`` sent as one pipeline an append costs one round trip. The compare-and-set on ``next_seq`` happens
+``COMMIT`` sent as one message an append costs one round trip. The compare-and-set on ``next_seq`` happens
 under the session row's lock inside that statement: a batch is stored only if the row's ``next_seq`` is the
 batch's first seq, so a stale or duplicate writer (including a retry of a write that did in fact commit)
 changes nothing.

@@ -1,20 +1,21 @@
 """The backend primitives as blocking calls on sync psycopg connections (run in worker threads).
 
-Each primitive is one pipeline: ``BEGIN``, its timeouts (``SET LOCAL`` through ``set_config``), its statements
-and ``COMMIT`` go out together and cost one round trip. Reads run in one repeatable-read snapshot, so a
-concurrent commit is seen wholly or not at all.
+Each primitive is one message (see :func:`one_message_transaction`): ``BEGIN``, its timeouts (``SET LOCAL``
+through ``set_config``), its statements and ``COMMIT`` go out together and cost one round trip. Reads run in one
+repeatable-read snapshot, so a concurrent commit is seen wholly or not at all.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 import psycopg
 import zstandard
+from psycopg import sql
 
 from ._codec import EventCodec
 from ._connections import Conn, Connections
@@ -44,6 +45,32 @@ _log = logging.getLogger("dsh.session_persistence_postgres")
 Row = tuple[int, bool, bytes]
 #: header, inherited cut, events, revision token
 Loaded = tuple[SessionHeader, int, list[SessionEvent], str]
+
+
+Statement = tuple[sql.Composed, Mapping[str, Any]]
+_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+def one_message_transaction(conn: Conn, begin: str, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+    """Run ``begin``, ``statements`` and ``COMMIT`` as one simple-protocol message; each statement's rows, in order.
+
+    One message is one round trip and ends with a single ``ReadyForQuery``, which is what a pooler in transaction
+    mode (pgbouncer) releases its server connection on. libpq's pipeline mode would also be one round trip, but
+    psycopg ends a pipeline with ``Sync`` then ``Flush``: a ``Flush`` reaching pgbouncer 1.18 after the ``Sync``'s
+    reply released the server connection is given a server connection of its own that never answers, and each one
+    leaks until every client hangs. The parameters are bound on the client (psycopg quotes them), which also
+    needs no server-side prepared statements. If a statement fails the rest are skipped and the transaction is left
+    failed; the caller's connection guard rolls it back.
+    """
+    cur = psycopg.ClientCursor(conn)
+    bound = [cur.mogrify(statement, params) for statement, params in statements]
+    cur.execute("; ".join([begin, *bound, "COMMIT"]))
+    rows: list[list[tuple[Any, ...]]] = []
+    for _ in statements:
+        if not cur.nextset():
+            raise psycopg.InterfaceError(f"expected {len(statements) + 2} results from one transaction")
+        rows.append(cur.fetchall() if cur.description is not None else [])
+    return rows
 
 
 def decode_header(session_id: str, text: str) -> SessionHeader:
@@ -127,14 +154,9 @@ class SyncStore:
 
     # -- reads ------------------------------------------------------------------------------------------
 
-    def _pipeline(self, conn: Conn, begin: str, body: Callable[[Conn], Any]) -> Any:
-        """``BEGIN``, the timeouts, ``body``'s statements and ``COMMIT``, sent as one round trip."""
-        with conn.pipeline():
-            conn.execute(begin)
-            conn.execute(self._sql.set_timeouts, self._timeouts)
-            result = body(conn)
-            conn.execute("COMMIT")
-        return result
+    def _transaction(self, conn: Conn, begin: str, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+        """``statements`` between ``begin`` and ``COMMIT``, under the timeouts: their rows, one list each."""
+        return one_message_transaction(conn, begin, [(self._sql.set_timeouts, self._timeouts), *statements])[1:]
 
     def read(self, session_id: str, from_seq: int) -> Loaded | None:
         """The session from ``from_seq`` on, in one snapshot; ``None`` if it is not stored."""
@@ -142,12 +164,8 @@ class SyncStore:
         params = {"id": session_id, "from": from_seq}
 
         def body(conn: Conn) -> tuple[Any, list[Any]] | None:
-            def statements(c: Conn) -> tuple[psycopg.Cursor[Any], psycopg.Cursor[Any]]:
-                return c.execute(self._sql.head, params), c.execute(self._sql.events_from, params)
-
-            head_cur, rows_cur = self._pipeline(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", statements)
-            head = head_cur.fetchone()
-            return None if head is None else (head, rows_cur.fetchall())
+            head, rows = self._transaction(conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
+            return None if not head else (head[0], rows)
 
         found = self._retry.read("load", body)
         if found is None:
@@ -207,11 +225,9 @@ class SyncStore:
         params.update(_arrays(rows))
 
         def attempt(conn: Conn) -> None:
-            cur = self._pipeline(
-                conn, "BEGIN", lambda c: c.execute(self._sql.create if create else self._sql.append, params)
+            ((result,),) = self._transaction(
+                conn, "BEGIN", [(self._sql.create if create else self._sql.append, params)]
             )
-            result = cur.fetchone()
-            assert result is not None
             if result[0] == 1:
                 return
             if create:
@@ -238,12 +254,10 @@ class SyncStore:
     ) -> Outcome:
         params = {"id": session_id, "from": first, "to": first + len(rows)}
 
-        def statements(c: Conn) -> tuple[psycopg.Cursor[Any], psycopg.Cursor[Any]]:
-            return c.execute(self._sql.head, params), c.execute(self._sql.events_between, params)
-
-        head_cur, rows_cur = self._pipeline(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", statements)
-        head = head_cur.fetchone()
-        stored = rows_cur.fetchall()
+        heads, stored = self._transaction(
+            conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_between, params)]
+        )
+        head = heads[0] if heads else None
         if head is None:
             if create:
                 return Outcome.ABSENT
@@ -284,8 +298,8 @@ class SyncStore:
         params = {"id": session_id, "n": len(rows), "expected": expected, "touch": expected is None, **_arrays(rows)}
 
         def attempt(conn: Conn) -> None:
-            row = self._pipeline(conn, "BEGIN", lambda c: c.execute(self._sql.rewrite, params)).fetchone()
-            if row is None or row[0] == 0:
+            (rows,) = self._transaction(conn, "BEGIN", [(self._sql.rewrite, params)])
+            if not rows or rows[0][0] == 0:
                 if expected is not None and self._exists(conn, session_id):
                     raise SessionChangedError(session_id)
                 raise SessionNotFoundError(session_id)
@@ -323,7 +337,8 @@ class SyncStore:
         params = {"id": session_id, "expected": expected}
 
         def attempt(conn: Conn) -> None:
-            if self._pipeline(conn, "BEGIN", lambda c: c.execute(self._sql.delete, params)).fetchone() is None:
+            (rows,) = self._transaction(conn, "BEGIN", [(self._sql.delete, params)])
+            if not rows:
                 if self._exists(conn, session_id):
                     raise SessionChangedError(session_id)
                 raise SessionNotFoundError(session_id)
