@@ -226,3 +226,68 @@ async def test_a_huge_declared_count_is_damage_not_an_allocation(tmp_path: Path,
     path.write_bytes(data[: last.start] + decl + body)
     with pytest.raises(SessionPersistenceCorruptionError, match="declares 4294967295 event"):
         await backend.load_stored("s1")
+
+
+def _reseq(lines: list[bytes], variant: str) -> list[bytes]:
+    """The last batch's storage lines with their seqs moved (same number of events)."""
+    values = [json.loads(line) for line in lines]
+    key = ["seq0" if "seq0" in v else "seq" for v in values]
+    rows = [i for i, k in enumerate(key) if k == "seq0"]
+    plain = [i for i, k in enumerate(key) if k == "seq"]
+    if variant == "first-shifted":  # every seq one later: the batch does not start at its declared seq
+        for value, k in zip(values, key, strict=True):
+            value[k] += 1
+    elif variant == "gap-after-a-row":  # the line after a chunk row skips a seq
+        at = rows[0] + 1
+        for value, k in zip(values[at:], key[at:], strict=True):
+            value[k] += 1
+    elif variant == "gap-before-a-row":  # a chunk row and every line after it skip a seq
+        at = rows[0]
+        for value, k in zip(values[at:], key[at:], strict=True):
+            value[k] += 1
+    elif variant == "row-overlaps":  # a chunk row starts one seq early: its first member repeats a seq
+        values[rows[-1]]["seq0"] -= 1
+    elif variant == "event-repeats":  # an event line repeats the previous line's seq
+        values[plain[-1]]["seq"] -= 1
+    else:  # pragma: no cover
+        raise AssertionError(variant)
+    return [json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode() for v in values]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.parametrize(
+    "variant", ["first-shifted", "gap-after-a-row", "gap-before-a-row", "row-overlaps", "event-repeats"]
+)
+async def test_a_crc_valid_batch_whose_events_miss_its_declared_seqs_is_damage(
+    tmp_path: Path, compression: str, variant: str
+) -> None:
+    """A batch whose data verifies but whose events (packed chunk rows included) do not carry exactly the seqs its
+    declaration states is damage naming that batch, with the declaration's count unchanged."""
+    from dsh.session_persistence_jsonl._batches import BatchDamage
+
+    backend = JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+    st = storage()
+    for i, batch in enumerate(turn_batches(2)):
+        await backend.append_batch(st, batch, i > 0)
+    path = Path(backend.locate(st.meta).path)
+    data = path.read_bytes()
+    last = pairs(data, compression)[-1]
+    body = data[last.data_start : last.end]
+    plaintext = zstandard.ZstdDecompressor().decompress(body) if compression == "zstd" else body
+    lines = plaintext.split(b"\n")[:-1]
+    assert any(b'"seq0"' in line for line in lines)  # packed chunk rows are part of what is checked
+    new_plain = b"\n".join(_reseq(lines, variant)) + b"\n"
+    new_body = zstandard.ZstdCompressor(level=3).compress(new_plain) if compression == "zstd" else new_plain
+    assert new_body[-1] != 0
+    crc = zlib.crc32(new_body)
+    decl = (
+        _zstd_decl(last.first_seq, last.count, len(new_body), crc)
+        if compression == "zstd"
+        else _line_decl(last.first_seq, last.count, len(new_body), crc)
+    )
+    path.write_bytes(data[: last.start] + decl + new_body)
+    expected = rf"declares {last.count} event\(s\) from seq {last.first_seq} but holds seqs"
+    with pytest.raises(BatchDamage, match=expected) as info:
+        await JsonlBackend(tmp_path / "root", compression=compression).load_stored("s1")  # type: ignore[arg-type]
+    assert info.value.offset == last.start

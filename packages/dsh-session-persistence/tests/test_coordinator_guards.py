@@ -362,3 +362,41 @@ async def test_in_doubt_read_back_accepts_the_header_upgraded_by_the_write() -> 
         await persistence.append("old", simple_turn(6, 2))
         await persistence.append("old", simple_turn(9, 3))
     assert shared.events("old") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The one-pass validation of a whole stored log: a defect it declines is decided by the separate checks, in order
+
+
+def _reseq(events: list[SessionEvent], at: int, delta: int) -> list[SessionEvent]:
+    """``events`` with every seq from index ``at`` on moved by ``delta`` (a gap or a repeat there)."""
+    import msgspec
+
+    return [*events[:at], *(msgspec.structs.replace(e, seq=e.seq + delta) for e in events[at:])]
+
+
+def _with_turn_error() -> list[SessionEvent]:
+    """Seqs 0..6 with a second ``turn/start`` at seq 2 while turn 1 is open (a turn-rule defect only)."""
+    log = one_turn_log()
+    return [*log[:2], turn_start(2, 2), *_reseq(log[2:], 0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        (lambda: _reseq(one_turn_log(), 2, 1), "stored event at index 2 has seq 3"),
+        (lambda: _reseq(one_turn_log(), 4, -1), "stored event at index 4 has seq 3"),
+        # A turn error before a gap: the gap is what is reported (contiguity is checked first, over the whole log).
+        (lambda: _reseq(_with_turn_error(), 5, 1), "stored event at index 5 has seq 6"),
+        (_with_turn_error, "rule turn-open"),
+    ],
+    ids=["gap", "repeat", "gap-after-a-turn-error", "turn-error"],
+)
+@pytest.mark.parametrize("read", ["load", "inspect"])
+async def test_a_defective_stored_log_is_refused_naming_its_first_defect(stored: Any, message: str, read: str) -> None:
+    backend = MemoryBackend()
+    backend.store.put("s", meta("s", WORK), stored())
+    persistence, _ = coordinator(backend)
+    async with persistence:
+        with pytest.raises(SessionPersistenceCorruptionError, match=message):
+            await getattr(persistence, read)("s")

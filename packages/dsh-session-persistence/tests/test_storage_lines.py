@@ -19,6 +19,7 @@ from dsh.session_persistence.backend import (
     decode_event,
     decode_storage_line,
     decode_storage_lines,
+    decode_storage_lines_from,
     encode_event,
     encode_storage_lines,
     event_to_builtins,
@@ -336,3 +337,40 @@ def test_format_refusal_names_a_damaged_id_as_json() -> None:
         check_format_version(True, -1.0)
     check_format_version("s", 0)  # the current version passes
     check_format_version("s", "0")  # not a number: left to header validation
+
+
+def _contiguous_reference(events: list[SessionEvent], first_seq: int) -> bool:
+    return [e.seq for e in events] == list(range(first_seq, first_seq + len(events)))
+
+
+@pytest.mark.parametrize("line", _odd_lines())
+@pytest.mark.parametrize("first_seq", [0, 3, 4, 9])
+def test_decode_from_reports_contiguity_like_the_seqs_say(line: bytes, first_seq: int) -> None:
+    # Fast path (line by line) and per-line fallback alike: the flag is exactly "seqs are first_seq, first_seq+1...".
+    def outcome(decode: Any) -> tuple[str, Any]:
+        try:
+            return ("ok", decode())
+        except StorageLineError as exc:
+            return ("error", (str(exc), exc.line))
+
+    plain = outcome(lambda: decode_storage_lines(line + b"\n"))
+    got = outcome(lambda: decode_storage_lines_from(line + b"\n", first_seq))
+    if plain[0] == "error":
+        assert got == plain
+    else:
+        assert got == ("ok", (plain[1], _contiguous_reference(plain[1], first_seq)))
+
+
+def test_decode_from_follows_contiguity_across_rows_and_events() -> None:
+    events = streamed_log(turns=3)
+    for pack in (True, False):
+        frame = encode_storage_lines(events, pack_chunks=pack)
+        assert decode_storage_lines_from(frame, 0) == (events, True)
+        assert decode_storage_lines_from(frame, 1) == (events, False)
+        lines = frame.split(b"\n")[:-1]
+        for cut in range(1, len(lines)):  # a batch starting at any line: contiguous from that line's first seq
+            tail = b"\n".join(lines[cut:]) + b"\n"
+            decoded = decode_storage_lines(tail)
+            assert decode_storage_lines_from(tail, decoded[0].seq) == (decoded, True)
+        dropped = b"\n".join(lines[:2] + lines[3:]) + b"\n"  # one line missing in the middle: a gap
+        assert decode_storage_lines_from(dropped, 0)[1] is False

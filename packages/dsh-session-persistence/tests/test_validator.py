@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from dsh.session_persistence._contiguity import first_seq_gap
 from dsh.session_persistence._errors import TurnInvariantError
-from dsh.session_persistence._event_codec import decode_event
-from dsh.session_persistence._events import SessionEvent
+from dsh.session_persistence._event_codec import decode_event, first_refused_unknown
+from dsh.session_persistence._events import OpaqueEvent, SessionEvent
 from dsh.session_persistence._repair import TOOL_NOT_STARTED
 from dsh.session_persistence._validator import TurnValidator, validate_turns
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def log(*specs: tuple[str, Any]) -> list[SessionEvent]:
@@ -140,3 +143,89 @@ def test_chunk_seq_order_is_checked_in_batch() -> None:
         validate_turns([*events, events[2]])
     assert info.value.rule == "seq-order"
     assert validate_turns(events).open_turn == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# _check_log: the one-pass check of a whole stored log agrees with the separate checks
+
+
+def _spec_event(seq: int, spec: tuple[str, Any]) -> SessionEvent:
+    etype, data = spec
+    if etype == "x/unknown":  # ignorable: the separate checks pass it
+        return decode_event({"type": etype, "seq": seq, "time": 0, "data": {}, "ignorable": True})
+    if etype == "x/refused":  # not ignorable: refused as a format the build cannot read
+        return decode_event({"type": etype, "seq": seq, "time": 0, "data": {}})
+    extra = {"surfaceOp": "append"} if etype in ("user/message", "tool/result", "assistant/message") else {}
+    return decode_event({"type": etype, "seq": seq, "time": 0, "data": data, **extra})
+
+
+_SPECS = st.one_of(
+    st.integers(1, 2).map(lambda t: ("turn/start", {"turn": t})),
+    st.integers(1, 2).map(lambda t: ("turn/end", {"turn": t, "reason": {"kind": "completed"}})),
+    st.tuples(st.integers(1, 2), st.integers(1, 2)).map(lambda ts: ("step/start", {"turn": ts[0], "step": ts[1]})),
+    st.tuples(st.integers(1, 2), st.integers(1, 2)).map(lambda ts: ("step/end", {"turn": ts[0], "step": ts[1]})),
+    st.tuples(st.integers(1, 2), st.integers(1, 2)).map(lambda ts: _chunk(*ts)),
+    st.sampled_from(["a", "b"]).map(
+        lambda c: ("tool/call", {"turn": 1, "step": 1, "callId": c, "name": "t", "arguments": "{}"})
+    ),
+    st.sampled_from(["a", "b"]).map(lambda c: ("tool/result", result_data(c))),
+    st.just(("x/unknown", {})),
+    st.just(("x/refused", {})),
+)
+# A valid prefix makes the later events meet open turns and steps, so both outcomes are common.
+_PREFIX = (TS1, SS11, _chunk(1, 1), _chunk(1, 1))
+
+
+def _state(validator: TurnValidator) -> tuple[Any, ...]:
+    return tuple(getattr(validator, slot) for slot in sorted(TurnValidator.__slots__))
+
+
+def _separately(events: list[SessionEvent]) -> TurnValidator | None:
+    """What validate_stored's separate checks say: the validator after all of them passed, else ``None``."""
+    if first_seq_gap(events) is not None or first_refused_unknown(events) is not None:
+        return None
+    try:
+        return validate_turns(events)
+    except TurnInvariantError:
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    specs=st.lists(_SPECS, max_size=12),
+    prefixed=st.booleans(),
+    seq_shift=st.one_of(st.none(), st.tuples(st.integers(0, 15), st.sampled_from([-1, 1, 2]))),
+)
+def test_check_log_accepts_exactly_what_the_separate_checks_accept(
+    specs: list[tuple[str, Any]], prefixed: bool, seq_shift: tuple[int, int] | None
+) -> None:
+    all_specs = [*(_PREFIX if prefixed else ()), *specs]
+    seqs = list(range(len(all_specs)))
+    if seq_shift is not None and seq_shift[0] < len(seqs):
+        at, delta = seq_shift
+        seqs[at:] = [s + delta for s in seqs[at:]]  # a gap, a repeat or a step back from there on
+    events = [_spec_event(max(seq, 0), spec) for seq, spec in zip(seqs, all_specs, strict=True)]
+    expected = _separately(events)
+    fast = TurnValidator()
+    try:
+        accepted = fast._check_log(events)
+    except TurnInvariantError:
+        accepted = False
+    if accepted:
+        assert expected is not None, "_check_log accepted a log a separate check refuses"
+        assert _state(fast) == _state(expected)
+    elif expected is not None:
+        # Declining is allowed only for an OpaqueEvent (ignorable unknowns pass the separate checks).
+        assert any(type(e) is OpaqueEvent for e in events)
+
+
+def test_check_log_takes_the_fast_path_on_a_streamed_log_and_declines_a_gap() -> None:
+    events = log(TS1, SS11, _chunk(1, 1), _chunk(1, 1), SE11, TE1)
+    validator = TurnValidator()
+    assert validator._check_log(events)
+    assert _state(validator) == _state(validate_turns(events))
+    gapped = [*events[:3], *log(TS1, SS11, _chunk(1, 1), _chunk(1, 1), SE11, TE1)[4:]]
+    assert not TurnValidator()._check_log(gapped)
+    used = TurnValidator()
+    used.check(events[0])
+    assert not used._check_log(events[1:])  # contiguity is from seq 0: only a fresh validator

@@ -32,7 +32,7 @@ from dsh.session_persistence.backend import (
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
     StorageLineError,
-    decode_storage_lines,
+    decode_storage_lines_from,
 )
 
 from ._bounded import decompress_declared
@@ -249,12 +249,12 @@ class _Walk:
         if not plaintext.endswith(b"\n"):
             raise self.damage(f"{where} does not end with a complete JSONL record")
         try:
-            events = decode_storage_lines(plaintext)
+            events, contiguous = decode_storage_lines_from(plaintext, decl.first_seq)
         except StorageLineError as exc:
             raise self.damage(f"{where}: unparsable committed event: {exc}") from exc
-        seqs = list(map(_seq_of, events))
         # The count first: a declared count is never turned into a list (a crafted one could be 4 billion).
-        if len(seqs) != decl.count or seqs != list(range(decl.first_seq, decl.first_seq + len(seqs))):
+        if len(events) != decl.count or not contiguous:
+            seqs = list(map(_seq_of, events))
             raise self.damage(
                 f"{where} declares {decl.count} event(s) from seq {decl.first_seq} but holds seqs "
                 f"{seqs[:1]}..{seqs[-1:]} ({len(seqs)} event(s))"

@@ -10,9 +10,10 @@ the two paths is a tested property.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -30,11 +31,18 @@ from ._events import (
 )
 from ._json import MAX_SAFE_INTEGER
 
-__all__ = ["StorageLineError", "decode_storage_line", "decode_storage_lines", "encode_storage_lines"]
+__all__ = [
+    "StorageLineError",
+    "decode_storage_line",
+    "decode_storage_lines",
+    "decode_storage_lines_from",
+    "encode_storage_lines",
+]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ChunkEvents = list[AssistantChunk]
+_seq_of = operator.attrgetter("seq")
 _ROW_PREFIXES = tuple(b'{"type":"' + tag.encode() + b'"' for tag in sorted(CHUNK_ROW_TAGS))
 
 
@@ -179,12 +187,34 @@ def _build_row(
         return None
     if type(members) is not list or not members or set(map(type, members)) != _STR_ONLY:
         return None
-    if type(dt) is not list or len(dt) != len(members) - 1:
+    if type(dt) is not list:
         return None
     if dt and (set(map(type, dt)) != _INT_ONLY or min(dt) < -MAX_SAFE_INTEGER or max(dt) > MAX_SAFE_INTEGER):
         return None
+    if seq0 < 0:
+        return None
+    return _row_members(tag, seq0, time0, turn, step, index, dt, members, call_id, name)
+
+
+def _row_members(
+    tag: str,
+    seq0: int,
+    time0: int,
+    turn: int,
+    step: int,
+    index: int,
+    dt: list[int],
+    members: list[str],
+    call_id: Any,
+    name: Any,
+) -> list[SessionEvent] | None:
+    """The member events of a row whose fields already have their types and ranges (``seq0``, ``turn``, ``step``,
+    ``index`` counts, every ``dt`` a safe int, ``members`` a list of strings); checks what spans fields (one ``dt``
+    per gap between members, so at least one member; the last seq and every member's time safe), or ``None``."""
+    if len(dt) != len(members) - 1:
+        return None
     times = list(accumulate(dt, initial=time0))
-    if seq0 < 0 or seq0 + len(members) - 1 > MAX_SAFE_INTEGER or min(times) < -MAX_SAFE_INTEGER:
+    if seq0 + len(members) - 1 > MAX_SAFE_INTEGER or min(times) < -MAX_SAFE_INTEGER:
         return None
     if max(times) > MAX_SAFE_INTEGER:
         return None
@@ -215,48 +245,54 @@ def _build_row(
 # Reading many lines
 
 
+# The ranges _build_row checks by hand on the dict path, stated to the typed decoder (checked in C while decoding).
+_RowCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_SAFE_INTEGER)]
+_RowSafeInt = Annotated[int, msgspec.Meta(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
+
+
 class _TextRowData(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    turn: int
-    step: int
-    index: int
-    dt: list[int]
+    turn: _RowCount
+    step: _RowCount
+    index: _RowCount
+    dt: list[_RowSafeInt]
     texts: list[str]
 
 
 class _ToolRowData(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    turn: int
-    step: int
-    index: int
-    dt: list[int]
+    turn: _RowCount
+    step: _RowCount
+    index: _RowCount
+    dt: list[_RowSafeInt]
     id: str
     args: list[str]
     name: str | UnsetType = UNSET
 
 
 class _TextRow(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag="text-chunks", gc=False):
-    seq0: int
-    time0: int
+    seq0: _RowCount
+    time0: _RowSafeInt
     data: _TextRowData
 
 
 class _ReasoningRow(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag="reasoning-chunks", gc=False
 ):
-    seq0: int
-    time0: int
+    seq0: _RowCount
+    time0: _RowSafeInt
     data: _TextRowData
 
 
 class _ToolRow(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="type", tag="tool-call-chunks", gc=False
 ):
-    seq0: int
-    time0: int
+    seq0: _RowCount
+    time0: _RowSafeInt
     data: _ToolRowData
 
 
-# A typed row decodes only where the dict path's key and type checks pass (exact key sets, exact ints and
-# strings, ``name`` a string when present); the value checks are then the same :func:`_build_row`.
+# A typed row decodes only where the dict path's key, type and per-field range checks pass (exact key sets, exact
+# ints in range and strings, ``name`` a string when present); what spans fields is then
+# checked by the same :func:`_row_members` that :func:`_build_row` ends with.
 _batch_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Union[KnownEvent, _TextRow, _ReasoningRow, _ToolRow])
 _ROW_TAG_OF: dict[type, str] = {
     _TextRow: "text-chunks",
@@ -272,9 +308,19 @@ def decode_storage_lines(data: bytes) -> list[SessionEvent]:
     line number in ``line``), or when ``data`` does not end with LF. Seq contiguity is not checked here
     (:func:`~dsh.session_persistence.backend.check_contiguous` does that).
     """
-    events = _batch(data)
-    if events is not None:
-        return events
+    return decode_storage_lines_from(data, 0)[0]
+
+
+def decode_storage_lines_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool]:
+    """:func:`decode_storage_lines`, and whether the events carry exactly the seqs ``first_seq, first_seq + 1, ...``.
+
+    For a reader that holds a batch's declared first seq: the answer comes per line (a chunk row's members are
+    contiguous by construction), not per event. Same errors as :func:`decode_storage_lines`; a ``False`` is for
+    the caller to word (it knows the batch).
+    """
+    fast = _batch_from(data, first_seq)
+    if fast is not None:
+        return fast
     lines = data.split(b"\n")
     fragment = lines.pop()
     out: list[SessionEvent] = []
@@ -285,20 +331,30 @@ def decode_storage_lines(data: bytes) -> list[SessionEvent]:
             raise StorageLineError(str(exc), number) from exc.__cause__
     if fragment:
         raise StorageLineError("storage line without a terminating LF", len(lines) + 1)
-    return out
+    return out, list(map(_seq_of, out)) == list(range(first_seq, first_seq + len(out)))
 
 
 def _batch(data: bytes) -> list[SessionEvent] | None:
-    """The batch fast path of :func:`decode_storage_lines`, or ``None``: leave the data to the per-line path.
+    """The batch fast path of :func:`decode_storage_lines`, or ``None`` (see :func:`_batch_from`)."""
+    fast = _batch_from(data, 0)
+    return None if fast is None else fast[0]
+
+
+def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] | None:
+    """The batch fast path of :func:`decode_storage_lines_from`, or ``None``: leave the data to the per-line path.
 
     Taken in the common case (every line a known event or a valid chunk row): each line is decoded on its own by
     one typed decoder in a C-level ``map`` (so whitespace and line boundaries mean exactly what they mean to
     :func:`decode_storage_line`), surface events get :func:`decode_event_line`'s post-checks, and rows go through
-    :func:`_build_row`. Any exception or refusal returns ``None``, so error texts come from the per-line path.
+    :func:`_row_members`. Any exception or refusal returns ``None``, so error texts come from the per-line path.
+    Contiguity from ``first_seq`` is followed line by line: an event line holds its seq, a row ``seq0`` and the
+    members after it.
     """
     lines = data.split(b"\n")
     if lines.pop():
         return None  # no final LF: the per-line path reports the fragment
+    expected = first_seq
+    contiguous = True
     try:
         values = list(map(_batch_decoder.decode, lines))
         events: list[SessionEvent] = []
@@ -308,10 +364,13 @@ def _batch(data: bytes) -> list[SessionEvent] | None:
                 if value.surface:
                     check_typed_surface(value)
                 events.append(value)
+                if value.seq != expected:
+                    contiguous = False
+                expected = value.seq + 1
                 continue
             row = value.data
             tool = tag == "tool-call-chunks"
-            built = _build_row(
+            built = _row_members(
                 tag,
                 value.seq0,
                 value.time0,
@@ -326,6 +385,9 @@ def _batch(data: bytes) -> list[SessionEvent] | None:
             if built is None:
                 return None
             events.extend(built)
+            if value.seq0 != expected:
+                contiguous = False
+            expected = value.seq0 + len(built)
     except Exception:  # anything at all: the per-line path decides and names it
         return None
-    return events
+    return events, contiguous

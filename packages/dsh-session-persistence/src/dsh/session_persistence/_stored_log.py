@@ -75,6 +75,17 @@ def _check_cut(session_id: str, cut: object, stored: int) -> None:
         raise ValueError(f'session "{session_id}" inherited event count exceeds its stored event count')
 
 
+def _one_pass(events: Sequence[SessionEvent]) -> TurnValidator | None:
+    """Contiguity, turn rules and known types of a whole log in one walk (:meth:`TurnValidator._check_log`), or
+    ``None`` when that pass did not accept the log."""
+    validator = TurnValidator()
+    try:
+        accepted = validator._check_log(events)
+    except Exception:  # whatever it is, the separate checks decide and name it
+        return None
+    return validator if accepted else None
+
+
 def validate_stored(
     session_id: str,
     meta: SessionHeader,
@@ -99,14 +110,16 @@ def validate_stored(
             ValueError(f'stored session identity mismatch: requested "{session_id}", header contains "{meta.id}"'),
         )
     check_format_version(session_id, meta.version, location)
-    validator: TurnValidator | None = None
-    try:
-        check_contiguous(events, start)
-        if whole:
-            validator = validate_turns(events)
-    except Exception as exc:
-        raise corruption(session_id, exc) from exc
-    refuse_unknown_events(session_id, events, location)
+    validator = _one_pass(events) if whole and start == 0 else None
+    if validator is None:
+        # The checks one by one, in their order (also what decides and names a defect the one pass declined).
+        try:
+            check_contiguous(events, start)
+            if whole:
+                validator = validate_turns(events)
+        except Exception as exc:
+            raise corruption(session_id, exc) from exc
+        refuse_unknown_events(session_id, events, location)
     if whole:
         try:
             _check_cut(session_id, cut, len(events))

@@ -6,12 +6,13 @@ output always satisfies it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ._errors import TurnInvariantError
 from ._events import (
     AssistantChunk,
     AssistantMessage,
+    OpaqueEvent,
     RequestContext,
     RequestHeader,
     SessionEvent,
@@ -125,6 +126,45 @@ class TurnValidator:
                     self._last_seq = seq
                     continue
             check(event)
+
+    def _check_log(self, events: Sequence[SessionEvent]) -> bool:
+        """:meth:`check_all` over a whole stored log in the same pass as its seq contiguity and its event types.
+
+        ``True``: ``events`` carry the seqs ``0, 1, ...``, hold no ``OpaqueEvent`` and pass the turn rules (the
+        state then continues after the last event, as after :meth:`check_all`). ``False``, or a raised
+        :class:`TurnInvariantError`, when any of that does not hold: the state is then undefined and the caller
+        runs the separate checks in their order, which decide and name the defect. A fast path only: a stored
+        log is walked once instead of three times, and each pass over a large log's events costs milliseconds.
+        """
+        check = self.check
+        expected = self._last_seq + 1
+        if expected != 0:
+            return False  # only a fresh validator: the contiguity is from seq 0
+        open_step = self._open_step
+        open_turn = self._open_turn
+        for event in events:
+            seq = event.seq
+            if seq != expected:
+                return False
+            expected = seq + 1
+            if type(event) is AssistantChunk:
+                data = event.data
+                # What check() does for a chunk in the passing case (seq order holds: the seqs are contiguous).
+                if (
+                    open_step is not None
+                    and data.step == open_step
+                    and open_turn is not None
+                    and data.turn == open_turn
+                ):
+                    continue
+            elif type(event) is OpaqueEvent:
+                return False
+            self._last_seq = seq - 1
+            check(event)
+            open_step = self._open_step
+            open_turn = self._open_turn
+        self._last_seq = expected - 1
+        return True
 
     def _require_turn(self, seq: int, what: str, turn: int) -> None:
         if self._open_turn is None or turn != self._open_turn:

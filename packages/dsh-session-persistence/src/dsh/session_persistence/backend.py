@@ -93,7 +93,13 @@ from ._listing import (
     encode_list_cursor,
     page_of,
 )
-from ._storage_lines import StorageLineError, decode_storage_line, decode_storage_lines, encode_storage_lines
+from ._storage_lines import (
+    StorageLineError,
+    decode_storage_line,
+    decode_storage_lines,
+    decode_storage_lines_from,
+    encode_storage_lines,
+)
 
 __all__ = [
     "CHUNK_ROW_TAGS",
@@ -159,6 +165,7 @@ __all__ = [
     "decode_list_cursor",
     "decode_storage_line",
     "decode_storage_lines",
+    "decode_storage_lines_from",
     "encode_event",
     "encode_list_cursor",
     "encode_storage_lines",
