@@ -21,6 +21,7 @@ from dsh.session_persistence import (
     SessionForkError,
     SessionIdCollisionError,
     SessionNotFoundError,
+    SessionPersistenceError,
     SessionStore,
     open_sessions,
 )
@@ -203,6 +204,7 @@ async def test_fork_a_stored_session_by_turn_without_writing_the_parent(tmp_path
         with pytest.raises(SessionForkError, match=r"turn 4 .* has not ended \(last ended turn: 3\)") as info:
             await sessions.fork("parent", ScriptedAdapter([]), turn=4, child_id="nope")
         assert info.value.code == "INVALID_BOUNDARY"
+        assert isinstance(info.value, SessionPersistenceError)  # the library's one error base (and a ValueError)
         with pytest.raises(SessionForkError, match="positive integer"):
             await sessions.fork("parent", ScriptedAdapter([]), turn=0)
         model = ScriptedAdapter([TextResponse("other two")])

@@ -5,6 +5,8 @@ Then the commands the demo tells the user to run, with the exact ``--root`` it p
 
 from __future__ import annotations
 
+import importlib.metadata
+import io
 import json
 import os
 import re
@@ -13,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from dsh.session_persistence._cli import _main
+from dsh.session_persistence._cli._io import Io
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the demo needs SIGKILL")
 
@@ -72,3 +76,100 @@ def test_demo_kills_resumes_and_explains(tmp_path: Path) -> None:
         (None, "interrupted"),
     ]
     assert not any(e.get("pending") for e in entries)  # the resume committed the repair
+
+
+# --- a real model: the options, and the adapter distribution missing ---------------------------------------------
+
+
+def run_in_process(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = _main.run(argv, Io(out=out, err=err, inp=io.StringIO()))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--base-url", "http://127.0.0.1:9/v1"], "--base-url needs --model NAME"),
+        (["--api-key", "k"], "--api-key needs --model NAME"),
+        (["--model", "m"], "set $OPENAI_API_KEY (or --api-key KEY)"),
+        (["--model", "", "--api-key", "k"], "--base-url needs --model NAME"),
+    ],
+)
+def test_incomplete_real_model_options_are_usage_errors_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], says: str
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    root = tmp_path / "never-created"
+    code, out, err = run_in_process(["--root", str(root), "demo", *argv])
+    assert (code, out) == (2, ""), err
+    assert says in err
+    assert not root.exists()
+
+
+def site_without_the_adapter(tmp_path: Path, *, broken: bool = False) -> Path:
+    """The site-packages holding this installation, mirrored by symlinks minus dsh-session-adapter-openai's files.
+
+    A real install layout where the adapter distribution is absent (no dist-info, no path entry), whether or not
+    the test environment has it. ``broken``: in its place, an installed distribution of that name whose
+    ``dsh.session.adapters`` entry point names a module that is not there (a half-removed install).
+    """
+    site = Path(str(importlib.metadata.distribution("dsh-session-persistence").locate_file("")))
+    mirror = tmp_path / "site"
+    mirror.mkdir()
+    for entry in site.iterdir():
+        if "dsh_session_adapter_openai" not in entry.name:
+            (mirror / entry.name).symlink_to(entry)
+    if broken:
+        info = mirror / "dsh_session_adapter_openai-0.1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dsh-session-adapter-openai\nVersion: 0.1.0\n")
+        (info / "entry_points.txt").write_text("[dsh.session.adapters]\nopenai = dsh_gone_adapter:OpenAIChatAdapter\n")
+    return mirror
+
+
+@pytest.mark.parametrize(
+    ("broken", "says"),
+    [
+        (False, "no 'openai' entry point in the group dsh.session.adapters"),
+        (True, "the 'openai' model adapter does not load (ModuleNotFoundError: No module named 'dsh_gone_adapter')"),
+    ],
+    ids=["absent", "broken"],
+)
+def test_a_real_model_without_the_adapter_installed_names_the_pip_install(
+    tmp_path: Path, broken: bool, says: str
+) -> None:
+    mirror = site_without_the_adapter(tmp_path, broken=broken)
+    launcher = "import site, sys; site.addsitedir(sys.argv.pop(1)); from dsh.session_persistence._cli._main import "
+    launcher += "main; sys.exit(main())"
+    root = tmp_path / "sessions"
+    argv = ["--root", str(root), "demo", "--model", "m", "--base-url", "http://127.0.0.1:9/v1"]
+    env = {**os.environ, "OPENAI_API_KEY": "k"}
+    for as_json in (False, True):
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", launcher, str(mirror), *argv, *(["--json"] if as_json else [])],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+            env=env,
+        )
+        assert done.returncode == 4, done.stdout + done.stderr
+        assert "pip install dsh-session-adapter-openai" in done.stderr and says in done.stderr, done.stderr
+        if as_json:
+            error = json.loads(done.stdout)["error"]
+            assert (error["code"], error["exit"]) == ("adapter_missing", 4)
+            assert "pip install dsh-session-adapter-openai" in error["message"]
+    assert not root.exists()  # refused before the root, the work directory or the child
+
+
+def test_the_documented_real_model_flags_are_the_demos(capsys: pytest.CaptureFixture[str]) -> None:
+    """The READMEs' ``demo --model NAME [--base-url URL] [--api-key KEY]`` is what the parser accepts."""
+    code, _, err = run_in_process(["demo", "--help"])  # argparse prints help on sys.stdout
+    assert code == 0, err
+    out = " ".join(capsys.readouterr().out.split())
+    for flag in ("--model NAME", "--base-url URL", "--api-key KEY", "$OPENAI_BASE_URL", "$OPENAI_API_KEY"):
+        assert flag in out
+    repo = Path(__file__).resolve().parents[3]
+    for readme in ("README.md", "README.zh.md"):
+        assert "`--model NAME [--base-url URL] [--api-key KEY]`" in (repo / readme).read_text(encoding="utf-8")

@@ -452,6 +452,23 @@ def test_fork_boundary_range_errors(store: SessionStore) -> None:
     assert [s.id for s in store.list()] == ["empty", "src"]
 
 
+def test_fork_errors_are_persistence_errors_and_still_value_errors(store: SessionStore) -> None:
+    """A fork refusal is caught by ``except SessionPersistenceError`` (the library's one base) and, as before, by
+    ``except ValueError``; the public name is the same class."""
+    import dsh.session_persistence as public
+
+    assert public.SessionForkError is SessionForkError
+    source = store.create("src")
+    source.append("turn/start", {"turn": 1})
+    for base in (public.SessionPersistenceError, ValueError):
+        with pytest.raises(base) as info:
+            store.fork(source, child_id="child")
+        assert type(info.value) is SessionForkError and info.value.code == "OPEN_TURN"
+    with pytest.raises(public.SessionPersistenceError) as missing:
+        store.fork("missing")
+    assert isinstance(missing.value, SessionForkError) and missing.value.code == "SESSION_NOT_FOUND"
+
+
 def test_fork_source_resolution(store: SessionStore) -> None:
     with pytest.raises(SessionForkError) as info:
         store.fork("missing")

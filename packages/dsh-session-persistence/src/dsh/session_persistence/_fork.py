@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ._errors import SessionPersistenceError
 from ._events import SessionEvent, TurnEnd, TurnStart
 from ._json import is_safe_int
 
@@ -14,9 +15,12 @@ if TYPE_CHECKING:
 __all__ = ["SessionForkError", "fork_seed", "turn_boundary"]
 
 
-class SessionForkError(ValueError):
+class SessionForkError(SessionPersistenceError, ValueError):
     """A fork request that cannot be honoured; ``code`` is one of ``SESSION_ALREADY_EXISTS``,
-    ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``INVALID_BOUNDARY``, ``OPEN_TURN``."""
+    ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``INVALID_BOUNDARY``, ``OPEN_TURN``.
+
+    A :class:`SessionPersistenceError` like every error of the library; still a ``ValueError`` (what it was first),
+    so ``except ValueError`` keeps catching it."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)

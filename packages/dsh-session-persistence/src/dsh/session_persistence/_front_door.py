@@ -213,23 +213,9 @@ class Sessions:
         else:
             view = await self.persistence.inspect(source_id)
             child = self._seed_child(source_id, view, turn, child_id)
-        stored = child.request_header()
-        if stored is not None:
-            provider = provider or stored.config.provider
-            model = model or stored.config.model
-            if system is None and isinstance(stored.system, str):
-                system = stored.system
         try:
-            agent = AgentLoop(
-                self.host,
-                self.store,
-                adapter,
-                tools,
-                provider=provider,
-                model=model,
-                session=child,
-                system=system,
-                max_parallel_tool_calls=max_parallel_tool_calls,
+            agent = AgentLoop._continuing(
+                self.host, self.store, child, adapter, tools, provider, model, system, max_parallel_tool_calls
             )
         except BaseException:
             self.store.dispose(child)

@@ -153,6 +153,23 @@ class AgentLoop(ToolSteps):
         session = store.create(
             session_id, seed=view.events, meta=view.meta, inherited_event_count=view.inherited_event_count
         )
+        return cls._continuing(host, store, session, adapter, tools, provider, model, system, max_parallel_tool_calls)
+
+    @classmethod
+    def _continuing(
+        cls,
+        host: Host,
+        store: SessionStore,
+        session: Session,
+        adapter: ModelAdapter,
+        tools: Iterable[Tool],
+        provider: str | None,
+        model: str | None,
+        system: str | None,
+        max_parallel_tool_calls: int,
+    ) -> AgentLoop:
+        """A loop on ``session``, a live session seeded with stored history (a resume or a fork's child): what the
+        caller leaves as ``None`` of provider, model and system comes from its last request header."""
         stored = session.request_header()
         if stored is not None:
             provider = provider or stored.config.provider

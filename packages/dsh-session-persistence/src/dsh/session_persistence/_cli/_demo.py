@@ -1,4 +1,8 @@
-"""``dsh-sessions demo``: a scripted agent is SIGKILLed in the middle of a tool call, resumed, and explained.
+"""``dsh-sessions demo``: an agent is SIGKILLed in the middle of a tool call, resumed, and explained.
+
+The agent is scripted (no network, no key) unless ``--model NAME`` (with ``--base-url``/``--api-key`` or
+``$OPENAI_BASE_URL``/``$OPENAI_API_KEY``) names a real model, served through the separately installed
+OpenAI-compatible adapter (see ``_demo_model``). The story and the kill point are the same for both.
 
 1. A child process (``python -m dsh.session_persistence._cli._demo_child``) runs the agent on the JSONL backend
    with the checkpoint policy; it completes turn 1 and dies inside turn 2's ``pay_deposit``, after the payment
@@ -29,12 +33,14 @@ from .._coordinator import PersistenceCoordinator
 from .._session import SessionStore
 from ..loop import AgentLoop
 from ._context import Stack, load_host, select_backend
+from ._demo_model import API_KEY_ENV, RealModel, adapter_factory, close_adapter, open_adapter, real_model
 from ._demo_script import (
     KILL_MARKER,
     MODEL,
     PROVIDER,
     RESUME_TURN,
     SESSION_ID,
+    SYSTEM,
     DemoModel,
     demo_tools,
     resume_script,
@@ -50,6 +56,8 @@ __all__ = ["cmd_demo"]
 
 POLICY_PLUGIN = "session-checkpoint-policy"
 READY_TIMEOUT_S = 60.0
+#: A real model answers over the network: a bound for its two turns, not a promise about its speed.
+REAL_READY_TIMEOUT_S = 300.0
 POLL_S = 0.01
 
 
@@ -75,9 +83,9 @@ def _child_log(work: str) -> str:
     return f" (child's last output: {lines[-1]})" if lines else ""
 
 
-def _spawn(argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], log_path: str, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
     with open(log_path, "wb") as log:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def _read_marker(path: str) -> str:
@@ -88,7 +96,9 @@ def _read_marker(path: str) -> str:
         return ""
 
 
-async def _run_and_kill(root: str, work: str, session_id: str, backend: str) -> tuple[int, int]:
+async def _run_and_kill(
+    root: str, work: str, session_id: str, backend: str, choice: RealModel | None
+) -> tuple[int, int]:
     """Start the child, wait for its marker, SIGKILL it; returns ``(pid, returncode)``."""
     kill = getattr(signal, "SIGKILL", None)
     if kill is None:
@@ -105,9 +115,15 @@ async def _run_and_kill(root: str, work: str, session_id: str, backend: str) -> 
         "--backend",
         backend,
     ]
-    child = _spawn(argv, os.path.join(work, "child.log"))
+    env: dict[str, str] | None = None
+    limit = READY_TIMEOUT_S
+    if choice is not None:
+        argv += ["--model", choice.model] + ([] if choice.base_url is None else ["--base-url", choice.base_url])
+        env = {**os.environ, API_KEY_ENV: choice.api_key}  # the key goes by environment, never on a command line
+        limit = REAL_READY_TIMEOUT_S
+    child = _spawn(argv, os.path.join(work, "child.log"), env)
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + limit
         while True:
             if _read_marker(marker) == KILL_MARKER:
                 break
@@ -118,7 +134,7 @@ async def _run_and_kill(root: str, work: str, session_id: str, backend: str) -> 
                 )
             if time.monotonic() > deadline:
                 raise CliError(
-                    f"the demo agent did not reach its kill point in {READY_TIMEOUT_S:.0f}s{_child_log(work)}",
+                    f"the demo agent did not reach its kill point in {limit:.0f}s{_child_log(work)}",
                     EXIT_DEMO_FAILED,
                 )
             await anyio.sleep(POLL_S)
@@ -151,6 +167,16 @@ def _ledger(work: str) -> list[str]:
     return sorted(os.listdir(ledger)) if os.path.isdir(ledger) else []
 
 
+def _outbox(work: str) -> list[str]:
+    outbox = os.path.join(work, "outbox")
+    return sorted(os.listdir(outbox)) if os.path.isdir(outbox) else []
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def _repairs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for entry in entries:
@@ -168,6 +194,9 @@ def _repairs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
     """Run the demo with its session stored in ``base`` (the resolved ``--root``) under a fresh id."""
+    choice = real_model(args.model, args.base_url, args.api_key)
+    if choice is not None:
+        adapter_factory()  # a missing adapter is reported before anything is created or spawned
     host = load_host()
     name, backend_cls = select_backend(host, "jsonl")
     if host.get_plugin(POLICY_PLUGIN) is None:
@@ -178,14 +207,17 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
     out = io.out
     human = not args.json
     if human:
-        out.write("dsh sessions demo: a scripted agent (no network, no API key) on the JSONL backend\n")
+        if choice is None:
+            out.write("dsh sessions demo: a scripted agent (no network, no API key) on the JSONL backend\n")
+        else:
+            out.write(f"dsh sessions demo: {choice.describe()} (dsh-session-adapter-openai) on the JSONL backend\n")
         out.write(f"root: {root}\n")
         out.write(f"session: {session_id} (stored in that root: `dsh-sessions --root {root} list` shows it)\n")
         out.write(f"work: {work} (the agent's ledger and outbox)\n\n")
         out.write("1. The agent runs in a child process: turn 1 asks for the weather; turn 2 asks it to pay a\n")
         out.write("   20 EUR deposit (pay_deposit) and then email the receipt (send_receipt).\n")
         out.flush()
-    pid, returncode = await _run_and_kill(root, work, session_id, args.child_backend)
+    pid, returncode = await _run_and_kill(root, work, session_id, args.child_backend, choice)
     charged = _ledger(work)
     if human:
         out.write(f"2. Inside pay_deposit, after the payment hit the ledger ({', '.join(charged) or 'nothing'}), the\n")
@@ -204,22 +236,24 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
                 out.write(f"     - {line}\n")
             out.write("3. Resuming: the cold load commits that repair, then the agent runs turn 3.\n")
             out.flush()
-        loop = await AgentLoop.resume(
-            host,
-            store,
-            coordinator,
-            session_id,
-            DemoModel(resume_script()),
-            demo_tools(work),
-            provider=PROVIDER,
-            model=MODEL,
-        )
-        end = await loop.run_turn(RESUME_TURN)
-        await store.flush(loop.session)
-        loop.close()
-        store.dispose(loop.session)
+        model: Any = DemoModel(resume_script()) if choice is None else open_adapter(choice)
+        try:
+            names: dict[str, Any] = {"provider": PROVIDER, "model": MODEL} if choice is None else {}
+            loop = await AgentLoop.resume(
+                host, store, coordinator, session_id, model, demo_tools(work), system=SYSTEM, **names
+            )
+            end = await loop.run_turn(RESUME_TURN)
+            await store.flush(loop.session)
+            loop.close()
+            store.dispose(loop.session)
+        finally:
+            await close_adapter(model)
         after = await examine(stack, session_id)
-    if after.status != "ok" or len(_ledger(work)) != 1:
+    if end.reason.error is not None:
+        failure = end.reason.error
+        raise CliError(f"the model failed in the resumed turn: {failure.code}: {failure.message}", EXIT_DEMO_FAILED)
+    # The scripted model checks the ledger; a real model decides for itself, so its charges are reported, not judged.
+    if after.status != "ok" or (choice is None and len(_ledger(work)) != 1):
         raise CliError(f"the resumed session is {after.status} with {len(_ledger(work))} charges", EXIT_DEMO_FAILED)
     entries = transcript_entries(after.events, after.stored_events)
     repairs = _repairs(entries)
@@ -232,6 +266,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
                 "root": root,
                 "sessionId": session_id,
                 "work": work,
+                "model": None if choice is None else {"model": choice.model, "baseUrl": choice.base_url},
                 "child": {"pid": pid, "returncode": returncode, "signal": "SIGKILL"},
                 "charges": len(_ledger(work)),
                 "resumedTurnEnd": end.reason.kind,
@@ -249,10 +284,17 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
         what = f"{item['name']} [{item['callId']}]" if "callId" in item else f"turn {item['turn']}"
         out.write(f"  {item['code']}: {what}\n")
         out.write(textwrap.fill(item["meaning"], 100, initial_indent="    ", subsequent_indent="    ") + "\n")
-    out.write(
-        f"\nThe ledger holds {len(_ledger(work))} charge: turn 3 checked it instead of paying again, then sent the\n"
-        "receipt that had certainly never been sent.\n"
-    )
+    if choice is None:
+        out.write(
+            f"\nThe ledger holds {len(_ledger(work))} charge: turn 3 checked it instead of paying again, then sent\n"
+            "the receipt that had certainly never been sent.\n"
+        )
+    else:
+        charges, receipts = len(_ledger(work)), len(_outbox(work))
+        out.write(
+            f"\nThe model was told the deposit's outcome is unknown and chose what to do: the ledger holds {charges}\n"
+            f"charge(s) and the outbox {receipts} receipt(s) ({end.reason.kind} turn 3: {_one_line(end.text)}).\n"
+        )
     out.write("\nLook at it yourself:\n")
     for command in commands:
         out.write(f"  {command}\n")

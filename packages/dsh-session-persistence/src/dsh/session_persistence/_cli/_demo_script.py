@@ -1,5 +1,8 @@
 """The demo's scripted model and tools: no network, no API key, and no test dependency (pytest is not needed).
 
+The tools carry descriptions and parameter schemas, so a real model (``dsh-sessions demo --model NAME``) can play the
+same story; the scripted model plays it without them.
+
 The story: turn 1 asks for the weather (a read-only tool, completes normally). Turn 2 asks to pay a restaurant
 deposit and email the receipt: the model requests ``pay_deposit`` then ``send_receipt`` (exclusive tools, run one
 after the other). The child process is SIGKILLed inside ``pay_deposit``, *after* its side effect (a ledger file) was
@@ -32,6 +35,7 @@ from .._events import (
 __all__ = [
     "KILL_MARKER",
     "SESSION_ID",
+    "SYSTEM",
     "Call",
     "DemoModel",
     "DemoTool",
@@ -46,10 +50,15 @@ SESSION_ID = "demo-booking"
 KILL_MARKER = "tool-side-effect"
 PROVIDER = "scripted"
 MODEL = "demo-model"
+#: The system prompt (a real model needs to know it acts through the tools; the scripted model ignores it).
+SYSTEM = (
+    "You are a concise assistant for restaurant bookings. Act only through the tools, one call at a time when a "
+    "step depends on the previous one, and never assume the outcome of a tool call you have not seen."
+)
 
 USER_TURNS = (
     "What's the weather in Lisbon tonight?",
-    "Book the 19:30 table for two at Taberna, pay the 20 EUR deposit and email me the receipt.",
+    "Book the 19:30 table for two at Taberna, pay the 20 EUR deposit and email the receipt to you@example.com.",
 )
 RESUME_TURN = "Did the booking go through? Please don't pay twice."
 
@@ -117,10 +126,12 @@ class DemoModel:
 
 @dataclass(frozen=True)
 class DemoTool:
-    """A tool whose body is ``body(arguments, call_id)``."""
+    """A tool whose body is ``body(arguments, call_id)``, with what a real model needs to call it."""
 
     name: str
     body: Callable[[Any, str], Awaitable[str]]
+    description: str
+    parameters: dict[str, Any]
     parallel: bool = False
 
     async def run(self, arguments: Any, call_id: str, signal: CancelSignal) -> str:
@@ -172,11 +183,31 @@ def demo_tools(work: str, after_payment: Callable[[], Awaitable[None]] | None = 
         return f"{len(charges)} charge(s) found: " + "; ".join(charges) if charges else "no charge found"
 
     return [
-        DemoTool("get_weather", weather, parallel=True),
-        DemoTool("pay_deposit", pay),
-        DemoTool("send_receipt", receipt),
-        DemoTool("check_payments", check, parallel=True),
+        DemoTool("get_weather", weather, "Tonight's weather in a city.", _schema(city="string"), parallel=True),
+        DemoTool(
+            "pay_deposit",
+            pay,
+            "Charge a restaurant deposit to the user's card (a real payment: never charge twice).",
+            _schema(restaurant="string", amount_eur="number"),
+        ),
+        DemoTool("send_receipt", receipt, "Email the deposit's receipt.", _schema(to="string")),
+        DemoTool(
+            "check_payments",
+            check,
+            "List the charges already made, to find out whether a payment went through.",
+            _schema(restaurant="string"),
+            parallel=True,
+        ),
     ]
+
+
+def _schema(**properties: str) -> dict[str, Any]:
+    """An object schema whose every property (name -> JSON type) is required."""
+    return {
+        "type": "object",
+        "properties": {name: {"type": kind} for name, kind in properties.items()},
+        "required": list(properties),
+    }
 
 
 def crash_script() -> list[Say | Call]:

@@ -21,6 +21,7 @@ from .._errors import (
     SessionPersistenceCorruptionError,
     SessionStorageError,
 )
+from ._demo_model import ModelAdapterMissingError
 from ._errors import (
     EXIT_DAMAGED,
     EXIT_DECLINED,
@@ -40,6 +41,7 @@ __all__ = ["error_code", "wants_json", "write_error_json"]
 
 # Most specific first: the first class the exception is an instance of names the code.
 _BY_TYPE: tuple[tuple[type[BaseException], str], ...] = (
+    (ModelAdapterMissingError, "adapter_missing"),
     (SessionCursorError, "bad_cursor"),
     (LifecycleArgumentError, "bad_argument"),
     (SessionNotFoundError, "not_found"),

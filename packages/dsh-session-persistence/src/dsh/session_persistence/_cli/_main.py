@@ -135,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     command("plugins", "loaded dsh.session plugins, their distributions and hooks")
     demo = command("demo", "run a scripted agent, SIGKILL it mid-tool, resume it and show the repaired transcript")
     demo.add_argument("--child-backend", choices=["asyncio", "trio"], default="asyncio", help=argparse.SUPPRESS)
+    demo.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="run on a real model through dsh-session-adapter-openai instead of the scripted one",
+    )
+    demo.add_argument(
+        "--base-url", default=None, metavar="URL", help="its OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)"
+    )
+    demo.add_argument(
+        "--api-key", default=None, metavar="KEY", help="its key (default: $OPENAI_API_KEY, which keeps it off ps)"
+    )
     return parser
 
 
