@@ -25,7 +25,8 @@ from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
 FLUSH = None
 
 
-def _text(rng: random.Random, size: int) -> str:
+def filler_text(rng: random.Random, size: int) -> str:
+    """``size`` characters of word salad (the same words for every workload of the bench)."""
     words = ("agent", "session", "durable", "tool", "result", "model", "stream", "commit", "batch", "event", "turn")
     out: list[str] = []
     length = 0
@@ -60,7 +61,7 @@ def commit_workload(turns: int, seed: int = 11) -> list[dict[str, Any] | None]:
         user = {
             "id": f"user-{turn}",
             "role": "user",
-            "content": [{"type": "text", "text": _text(rng, 200)}],
+            "content": [{"type": "text", "text": filler_text(rng, 200)}],
             "source": {"kind": "user"},
         }
         ops.append(s.env("user/message", user, surfaceOp="append"))
@@ -77,7 +78,7 @@ def commit_workload(turns: int, seed: int = 11) -> list[dict[str, Any] | None]:
         message = {
             "id": f"assistant-{turn}",
             "role": "assistant",
-            "content": [{"type": "text", "text": _text(rng, 1000)}, *calls],
+            "content": [{"type": "text", "text": filler_text(rng, 1000)}, *calls],
             "source": {"kind": "model", "provider": "openai", "model": "gpt-bench"},
         }
         ops.append(s.env("assistant/message", {**base, "message": message}, surfaceOp="append"))
@@ -97,7 +98,7 @@ def commit_workload(turns: int, seed: int = 11) -> list[dict[str, Any] | None]:
                     {
                         "type": "tool-result",
                         "toolCallId": block["id"],
-                        "content": [{"type": "text", "text": _text(rng, 2000)}],
+                        "content": [{"type": "text", "text": filler_text(rng, 2000)}],
                     }
                 ],
                 "source": {"kind": "tool", "callId": block["id"]},

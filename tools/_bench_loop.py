@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from _bench_commits import filler_text  # beside this module: one word-salad generator for both workloads
 from dsh.session_checkpoint_policy import NAME as POLICY_NAME
 from dsh.session_checkpoint_policy import CheckpointPolicy
 from dsh.session_persistence import Host, MemoryBackend, PersistenceCoordinator, SessionStore
@@ -44,17 +45,6 @@ from dsh.session_persistence_jsonl import JsonlBackend
 __all__ = ["LoopRun", "SETUPS", "loop_turns"]
 
 SETUPS = ("none", "memory", "jsonl")
-_WORDS = ("agent", "session", "durable", "tool", "result", "model", "stream", "commit", "batch", "event", "turn")
-
-
-def _text(rng: random.Random, size: int) -> str:
-    out: list[str] = []
-    length = 0
-    while length < size:
-        word = rng.choice(_WORDS)
-        out.append(word)
-        length += len(word) + 1
-    return " ".join(out)[:size]
 
 
 @dataclass
@@ -73,8 +63,8 @@ def _responses(turns: int, rng: random.Random) -> Iterator[ScriptedResponse]:
             (f"call-{turn}-1", "read_file", {"path": f"src/m{rng.randint(0, 99)}.py"}),
             (f"call-{turn}-2", "run_tests", {"path": f"tests/t{rng.randint(0, 99)}.py"}),
         )
-        yield ToolCallResponse(calls, text=_text(rng, 1000))
-        yield TextResponse(_text(rng, 60))
+        yield ToolCallResponse(calls, text=filler_text(rng, 1000))
+        yield TextResponse(filler_text(rng, 60))
 
 
 async def loop_turns(setup: str, turns: int, where: str, seed: int = 13) -> LoopRun:
@@ -85,9 +75,12 @@ async def loop_turns(setup: str, turns: int, where: str, seed: int = 13) -> Loop
     host = Host()
     host.register(CheckpointPolicy(), name=POLICY_NAME)
     store = SessionStore(host)
-    tools = [ScriptedTool("read_file", output=_text(rng, 2000)), ScriptedTool("run_tests", output=_text(rng, 2000))]
+    tools = [
+        ScriptedTool("read_file", output=filler_text(rng, 2000)),
+        ScriptedTool("run_tests", output=filler_text(rng, 2000)),
+    ]
     adapter = ScriptedAdapter(_responses(turns, rng), provider="openai", model="gpt-bench")
-    users = [_text(rng, 200) for _ in range(turns)]
+    users = [filler_text(rng, 200) for _ in range(turns)]
 
     async def drive() -> tuple[float, float, int]:
         loop = AgentLoop(host, store, adapter, tools, session_id="loop-bench", system="You are a coding agent.")
