@@ -20,9 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from ._pgserver import PgCluster
+from ._pgserver import PgCluster, free_port, missing
 
 __all__ = ["Bouncer", "running_bouncer"]
 
@@ -35,17 +33,7 @@ def _find_pgbouncer() -> str:
     )
     if found:
         return found
-    message = f"pgbouncer not found: {_HINT}"
-    if os.environ.get("DSH_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"DSH_REQUIRE_POSTGRES=1 but {message}", pytrace=False)
-    pytest.skip(message)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    missing(f"pgbouncer not found: {_HINT}")
 
 
 @dataclass
@@ -69,7 +57,7 @@ def running_bouncer(cluster: PgCluster, pool_size: int = 2) -> Iterator[Bouncer]
     """pgbouncer (``pool_mode = transaction``) in front of ``cluster``; stopped and removed afterwards."""
     binary = _find_pgbouncer()
     root = Path(tempfile.mkdtemp(prefix="dsh-pgbouncer-"))
-    port = _free_port()
+    port = free_port()
     (root / "users.txt").write_text(f'"{cluster.user}" ""\n')
     (root / "pgbouncer.ini").write_text(
         "[databases]\n"

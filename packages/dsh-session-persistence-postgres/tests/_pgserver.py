@@ -18,10 +18,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
-__all__ = ["PASSWORD_USER", "PgCluster", "find_pg_bin", "require_pg_bin", "running_cluster"]
+__all__ = ["PASSWORD_USER", "PgCluster", "find_pg_bin", "free_port", "missing", "require_pg_bin", "running_cluster"]
 
 #: The role that authenticates with a password (scram-sha-256) on every cluster these tests start.
 PASSWORD_USER = "dsh_pw"
@@ -52,13 +53,20 @@ def require_pg_bin() -> Path:
     found = find_pg_bin()
     if found is not None:
         return found
-    message = f"PostgreSQL server binaries (initdb, pg_ctl) not found under /usr/lib/postgresql/*/bin or on PATH: {_SETUP_HINT}"
+    missing(
+        f"PostgreSQL server binaries (initdb, pg_ctl) not found under /usr/lib/postgresql/*/bin or on PATH: {_SETUP_HINT}"
+    )
+
+
+def missing(message: str) -> NoReturn:
+    """A server-side tool is not installed: fail under ``DSH_REQUIRE_POSTGRES=1`` (CI), else skip."""
     if os.environ.get("DSH_REQUIRE_POSTGRES") == "1":
         pytest.fail(f"DSH_REQUIRE_POSTGRES=1 but {message}", pytrace=False)
     pytest.skip(message)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -152,7 +160,7 @@ def running_cluster() -> Iterator[PgCluster]:
     if run_as is not None:
         entry = pwd.getpwnam(run_as)
         os.chown(root, entry.pw_uid, entry.pw_gid)
-    cluster = PgCluster(bin_dir=bin_dir, root=root, port=_free_port(), run_as=run_as)
+    cluster = PgCluster(bin_dir=bin_dir, root=root, port=free_port(), run_as=run_as)
     try:
         cluster.init()
         cluster.start()
