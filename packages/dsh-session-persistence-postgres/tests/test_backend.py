@@ -165,6 +165,26 @@ async def test_seek_read_and_rewrite(postgres_dsn: str, schema: str) -> None:
         await backend.aclose()
 
 
+async def test_client_bound_text_round_trips_verbatim(postgres_dsn: str, schema: str) -> None:
+    """Parameters are bound on the client (one message per primitive): placeholder-like text, quotes, backslashes,
+    semicolons and non-ASCII in an id, a header and event payloads come back byte for byte."""
+    tricky = "it's 100%s %(id)s 50%% \\x00 \\'; COMMIT; -- \u00e9\u4e2d\U0001f600"
+    session_id = f"s%s;'{tricky[:20]}"
+    storage = StorageMetadata(meta(session_id, cwd=f"/work/{tricky}"))
+    log = [_blob(0, {"text": tricky, "nested": [tricky, {"k": tricky}]}), _blob(1, tricky * 50)]
+    backend = PostgresBackend(postgres_dsn, schema=schema)
+    try:
+        await backend.append_batch(storage, log, False)
+        await backend.append_batch(storage, [_blob(2, tricky)], True)
+        stored = await backend.load_stored(session_id)
+        assert stored is not None
+        assert stored.meta == storage.meta
+        assert list(stored.events) == [*log, _blob(2, tricky)]
+        assert [h.cwd for h in await backend.list()] == [f"/work/{tricky}"]
+    finally:
+        await backend.aclose()
+
+
 async def test_damaged_rows_are_corruption(postgres_dsn: str, schema: str) -> None:
     backend = PostgresBackend(postgres_dsn, schema=schema)
     try:
