@@ -133,3 +133,52 @@ def test_every_problem_is_reported_at_once(tree_copy: Path) -> None:
     assert result.returncode == 1
     for breakage in ("namespace-init", "no-readme", "unpinned-dependency"):
         assert BREAKAGES[breakage][1] in result.stderr
+
+
+# --- the private-import walk (public faces only across distributions) ----------------------------------------------
+
+PLANTED_FORMS = [
+    "import dsh.session_persistence._model.events",
+    "from dsh.session_persistence._wire import codec",
+    "from dsh.session_persistence import _cli",
+    "from dsh.session_persistence.backend import _hidden",
+    'ARGV = ["python", "-m", "dsh.session_persistence._cli"]',
+    "from dsh.session_persistence_jsonl._batches import encode_declared_batch",
+]
+
+
+def _places(root: Path) -> list[Path]:
+    """One file in every kind of place the walk covers, none of them inside the owner of what is planted."""
+    places = []
+    for pkg in sorted((root / "packages").iterdir()):
+        if pkg.name in (CORE, "dsh-session-persistence-jsonl"):
+            continue
+        leaf = next(p for p in (pkg / "src" / "dsh").iterdir() if p.is_dir())
+        places += [leaf / "_planted.py", pkg / "tests" / "test_planted.py"]
+    places += [root / "tests-integration" / "planted.py", root / "tools" / "planted.py", root / "tools" / "planted"]
+    return places
+
+
+@pytest.mark.parametrize("form", PLANTED_FORMS)
+def test_a_planted_private_import_anywhere_outside_its_owner_fails_the_check(tree_copy: Path, form: str) -> None:
+    places = _places(tree_copy)
+    assert len(places) >= 11  # four other distributions x (src, tests) + tests-integration + two tools
+    for place in places:
+        place.parent.mkdir(parents=True, exist_ok=True)
+        place.write_text(("#!/usr/bin/env python3\n" if not place.suffix else "") + form + "\n", encoding="utf-8")
+    result = run_check_shape(tree_copy)
+    assert result.returncode == 1
+    for place in places:
+        rel = place.relative_to(tree_copy).as_posix()
+        assert f"  - {rel}:" in result.stderr, f"{rel} not flagged for {form!r}:\n{result.stderr}"
+
+
+def test_a_distribution_may_use_its_own_private_modules(tree_copy: Path) -> None:
+    (tree_copy / "packages" / CORE / "tests" / "test_planted.py").write_text(
+        "from dsh.session_persistence._model.events import SessionEvent\n", encoding="utf-8"
+    )
+    (tree_copy / "packages" / "dsh-session-persistence-jsonl" / "tests" / "test_planted.py").write_text(
+        "from dsh.session_persistence_jsonl._batches import encode_declared_batch\n", encoding="utf-8"
+    )
+    result = run_check_shape(tree_copy)
+    assert "test_planted.py" not in result.stderr, result.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from dsh.session_persistence._boundaries import (
+from dsh.session_persistence._host.boundaries import (
     CancelSignal,
     ModelRequest,
     PreStepDecision,

@@ -7,7 +7,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from dsh.session_persistence._chunk_rows import (
+from dsh.session_persistence._model.jsonvalue import MAX_SAFE_INTEGER
+from dsh.session_persistence._wire.chunk_rows import (
     CHUNK_ROW_TAGS,
     MIN_RUN,
     ChunkRowError,
@@ -16,7 +17,6 @@ from dsh.session_persistence._chunk_rows import (
     pack_chunk_rows,
     row_member_count,
 )
-from dsh.session_persistence._json import MAX_SAFE_INTEGER
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from dsh.session_persistence._backend import SessionBackend
-from dsh.session_persistence._memory import MemoryBackend, MemoryStore
+from dsh.session_persistence._backends.memory import MemoryBackend, MemoryStore
+from dsh.session_persistence._backends.protocol import SessionBackend
 from dsh.session_persistence.testing import BackendConformance, BackendFactory
 
 
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsh.session_persistence._memory import MemoryBackend, MemoryStore
+from dsh.session_persistence._backends.memory import MemoryBackend, MemoryStore
 from dsh.session_persistence.testing import BackendConformance
 
 

@@ -15,8 +15,12 @@ from typing import Any
 
 import anyio
 import pytest
-from dsh.session_persistence._coordinator import PersistenceCoordinator
-from dsh.session_persistence._errors import (
+from dsh.session_persistence._backends.memory import MemoryBackend, MemoryStore
+from dsh.session_persistence._coordinator.scheduling import ManualScheduler
+from dsh.session_persistence._coordinator.service import PersistenceCoordinator
+from dsh.session_persistence._host.host import Host
+from dsh.session_persistence._host.session import Session, SessionStore
+from dsh.session_persistence._model.errors import (
     LiveTurnOpenError,
     SeqMismatchError,
     SessionFormatUnsupportedError,
@@ -28,12 +32,8 @@ from dsh.session_persistence._errors import (
     SessionStorageError,
     UnsupportedOperationError,
 )
-from dsh.session_persistence._event_codec import event_to_builtins, event_types
-from dsh.session_persistence._header import SessionHeader
-from dsh.session_persistence._host import Host
-from dsh.session_persistence._memory import MemoryBackend, MemoryStore
-from dsh.session_persistence._scheduling import ManualScheduler
-from dsh.session_persistence._session import Session, SessionStore
+from dsh.session_persistence._model.header import SessionHeader
+from dsh.session_persistence._wire.codec import event_to_builtins, event_types
 from dsh.session_persistence.testing._controlled import ControlledMemoryBackend
 from dsh.session_persistence.testing._logs import (
     WORK,
@@ -1121,6 +1121,6 @@ async def test_memory_backend_loads_fresh_objects_and_revisions_are_store_qualif
 
 
 def _storage(header: SessionHeader) -> Any:
-    from dsh.session_persistence._backend import StorageMetadata
+    from dsh.session_persistence._backends.protocol import StorageMetadata
 
     return StorageMetadata(header, 0)

@@ -15,20 +15,20 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from dsh.session_persistence._backend import StorageMetadata
-from dsh.session_persistence._coordinator import PersistenceCoordinator
-from dsh.session_persistence._errors import (
+from dsh.session_persistence._backends.memory import MemoryBackend, MemoryStore
+from dsh.session_persistence._backends.protocol import StorageMetadata
+from dsh.session_persistence._coordinator.service import PersistenceCoordinator
+from dsh.session_persistence._host.host import Host
+from dsh.session_persistence._host.session import SessionStore
+from dsh.session_persistence._model.errors import (
     SeqMismatchError,
     SessionIdCollisionError,
     SessionLockedError,
     SessionPersistenceCorruptionError,
     SessionStorageError,
 )
-from dsh.session_persistence._event_codec import encode_event
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._host import Host
-from dsh.session_persistence._memory import MemoryBackend, MemoryStore
-from dsh.session_persistence._session import SessionStore
+from dsh.session_persistence._model.events import SessionEvent
+from dsh.session_persistence._wire.codec import encode_event
 from dsh.session_persistence.testing._logs import WORK, meta, one_turn_log, simple_turn, turn_start
 
 if sys.version_info < (3, 11):  # pragma: no cover

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from dsh.session_persistence._boundaries import CancelSignal, Deferred, TurnAborted
+from dsh.session_persistence._host.boundaries import CancelSignal, Deferred, TurnAborted
 
 
 @contextmanager

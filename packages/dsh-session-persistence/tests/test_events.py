@@ -6,15 +6,15 @@ from typing import Any
 
 import msgspec
 import pytest
-from dsh.session_persistence._errors import EventValidationError
-from dsh.session_persistence._event_codec import (
+from dsh.session_persistence._model.errors import EventValidationError
+from dsh.session_persistence._model.events import EVENT_TYPES, OpaqueEvent, ToolCall
+from dsh.session_persistence._wire.codec import (
     decode_event,
     decode_event_line,
     encode_event,
     event_to_builtins,
     first_refused_unknown,
 )
-from dsh.session_persistence._events import EVENT_TYPES, OpaqueEvent, ToolCall
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -230,7 +230,7 @@ def _build_cases() -> list[tuple[str, int, object, Any, list[Any] | None, bool]]
 def test_build_event_matches_decoding_the_append_envelope(case: tuple[Any, ...]) -> None:
     # Session.append builds known events directly; the result (or the error and its text) must be what
     # decode_event gives for the envelope the append describes.
-    from dsh.session_persistence._event_codec import append_envelope, build_event
+    from dsh.session_persistence._wire.codec import append_envelope, build_event
 
     etype, seq, time, data, seqs, ignorable = case
     expected = _outcome(decode_event, append_envelope(etype, seq, time, data, seqs, ignorable))

@@ -15,7 +15,7 @@ from typing import Any
 
 import pluggy
 import pytest
-from dsh.session_persistence._boundaries import (
+from dsh.session_persistence._host.boundaries import (
     CancelSignal,
     Deferred,
     ModelRequest,
@@ -25,9 +25,9 @@ from dsh.session_persistence._boundaries import (
     ToolExecutionResult,
     aborted_before_dispatch_result,
 )
-from dsh.session_persistence._errors import SessionLifecycleError
-from dsh.session_persistence._host import Host, hookimpl
-from dsh.session_persistence._session import SessionStore
+from dsh.session_persistence._host.host import Host, hookimpl
+from dsh.session_persistence._host.session import SessionStore
+from dsh.session_persistence._model.errors import SessionLifecycleError
 
 BOUNDARY_HOOKS = ("llm_stream", "tools_execute", "agent_pre_step")
 
@@ -629,7 +629,7 @@ def test_load_entrypoints_registers_installed_plugins(fake_distribution: Callabl
     fake_distribution(
         "fake_dsh_plugin_ok",
         """
-        from dsh.session_persistence._host import hookimpl
+        from dsh.session_persistence._host.host import hookimpl
 
         class FakeBackend:
             NAME = "fake"
@@ -650,7 +650,7 @@ def test_load_entrypoints_checks_pending_hooks(fake_distribution: Callable[[str,
     fake_distribution(
         "fake_dsh_plugin_typo",
         """
-        from dsh.session_persistence._host import hookimpl
+        from dsh.session_persistence._host.host import hookimpl
 
         @hookimpl
         def dsh_session_backend():  # typo: the hook is dsh_session_backends
@@ -666,7 +666,7 @@ def test_load_entrypoints_goes_through_the_validating_register(fake_distribution
     fake_distribution(
         "fake_dsh_plugin_eager",
         """
-        from dsh.session_persistence._host import hookimpl
+        from dsh.session_persistence._host.host import hookimpl
 
         @hookimpl(trylast=True)
         def tools_execute(execution):

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from dsh.session_persistence._json import (
+from dsh.session_persistence._model.jsonvalue import (
     MAX_JSON_DEPTH,
     MAX_SAFE_INTEGER,
     JsonValue,

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from dsh.session_persistence._event_codec import decode_event, event_to_builtins
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._repair import (
+from dsh.session_persistence._model.events import SessionEvent
+from dsh.session_persistence._model.repair import (
     TOOL_NOT_STARTED_TEXT,
     TOOL_OUTCOME_UNKNOWN_TEXT,
     has_open_turn,
     interrupted_turn_closers,
 )
-from dsh.session_persistence._validator import validate_turns
+from dsh.session_persistence._model.validator import validate_turns
+from dsh.session_persistence._wire.codec import decode_event, event_to_builtins
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

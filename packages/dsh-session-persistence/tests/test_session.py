@@ -6,18 +6,18 @@ import logging
 from typing import Any
 
 import pytest
-from dsh.session_persistence._errors import (
+from dsh.session_persistence._host.fork import SessionForkError
+from dsh.session_persistence._host.host import Host, hookimpl
+from dsh.session_persistence._host.session import Session, SessionStore
+from dsh.session_persistence._model.errors import (
     EventValidationError,
     ReentrantAppendError,
     SessionAlreadyExistsError,
     SessionLifecycleError,
 )
-from dsh.session_persistence._event_codec import event_to_builtins
-from dsh.session_persistence._events import SessionEvent
-from dsh.session_persistence._fork import SessionForkError
-from dsh.session_persistence._host import Host, hookimpl
-from dsh.session_persistence._json import NotLosslessJsonError
-from dsh.session_persistence._session import Session, SessionStore
+from dsh.session_persistence._model.events import SessionEvent
+from dsh.session_persistence._model.jsonvalue import NotLosslessJsonError
+from dsh.session_persistence._wire.codec import event_to_builtins
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -307,7 +307,7 @@ def test_header_is_copied_and_validated(store: SessionStore) -> None:
 
 def test_minimal_header(store: SessionStore) -> None:
     session = store.create("s")
-    from dsh.session_persistence._header import header_to_builtins
+    from dsh.session_persistence._model.header import header_to_builtins
 
     assert header_to_builtins(session.header) == {"version": 1, "id": "s", "createdAt": 1000, "isSeeded": False}
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from dsh.session_persistence import MemoryBackend
-from dsh.session_persistence._storage_lines import _batch
+from dsh.session_persistence._wire.storage_lines import _batch
 from dsh.session_persistence.backend import (
     SeqMismatchError,
     SessionEvent,

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dsh.session_persistence._contiguity import first_seq_gap
-from dsh.session_persistence._errors import TurnInvariantError
-from dsh.session_persistence._event_codec import decode_event, first_refused_unknown
-from dsh.session_persistence._events import OpaqueEvent, SessionEvent
-from dsh.session_persistence._repair import TOOL_NOT_STARTED
-from dsh.session_persistence._validator import TurnValidator, validate_turns
+from dsh.session_persistence._model.errors import TurnInvariantError
+from dsh.session_persistence._model.events import OpaqueEvent, SessionEvent
+from dsh.session_persistence._model.repair import TOOL_NOT_STARTED
+from dsh.session_persistence._model.validator import TurnValidator, validate_turns
+from dsh.session_persistence._wire.codec import decode_event, first_refused_unknown
+from dsh.session_persistence._wire.contiguity import first_seq_gap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -15,8 +15,8 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup, TaskStatus
-from dsh.session_persistence._scheduling import ManualScheduler, TaskGroupScheduler
-from dsh.session_persistence._write_behind import (
+from dsh.session_persistence._coordinator.scheduling import ManualScheduler, TaskGroupScheduler
+from dsh.session_persistence._coordinator.write_behind import (
     WriteBehindAbandonedError,
     WriteBehindController,
 )

@@ -25,7 +25,11 @@ injection). Modules whose names start with ``_`` are private.
 
 from __future__ import annotations
 
-from ._boundaries import (
+from ._backends.listing import SessionListing, SessionPage
+from ._backends.memory import MemoryBackend, MemoryStore
+from ._coordinator.lifecycle import CompactResult, PruneReport
+from ._coordinator.service import PersistenceCoordinator
+from ._host.boundaries import (
     CancelSignal,
     Deferred,
     ModelRequest,
@@ -38,8 +42,12 @@ from ._boundaries import (
     aborted_result,
     error_result,
 )
-from ._coordinator import PersistenceCoordinator
-from ._errors import (
+from ._host.fork import SessionForkError
+from ._host.host import Host, hookimpl
+from ._host.session import Session, SessionStore
+from ._host.specs import Agent
+from ._loop.front_door import BackendNotFoundError, Sessions, open_sessions
+from ._model.errors import (
     EventValidationError,
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
@@ -65,16 +73,8 @@ from ._errors import (
     UnknownEventTypeError,
     UnsupportedOperationError,
 )
-from ._fork import SessionForkError
-from ._front_door import BackendNotFoundError, Sessions, open_sessions
-from ._host import Host, hookimpl
-from ._json import NotLosslessJsonError
-from ._lifecycle import CompactResult, PruneReport
-from ._listing import SessionListing, SessionPage
-from ._memory import MemoryBackend, MemoryStore
-from ._session import Session, SessionStore
-from ._views import SessionEventSuffix, SessionInspection
-from .hookspecs import Agent
+from ._model.jsonvalue import NotLosslessJsonError
+from ._model.views import SessionEventSuffix, SessionInspection
 from .loop import AgentLoop, LlmError, ModelAdapter, Tool, ToolOutput
 
 __all__ = [

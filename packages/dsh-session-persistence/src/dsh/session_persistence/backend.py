@@ -9,7 +9,18 @@ backends. Import these names from this module; the modules whose names start wit
 
 from __future__ import annotations
 
-from ._backend import (
+from ._backends.listing import (
+    LIST_ORDERS,
+    ListOrder,
+    ListPosition,
+    ListQuery,
+    SessionListing,
+    SessionPage,
+    decode_list_cursor,
+    encode_list_cursor,
+    page_of,
+)
+from ._backends.protocol import (
     RawArtifact,
     SalvagedLog,
     SessionBackend,
@@ -34,16 +45,8 @@ from ._backend import (
     SupportsWriterLease,
     WriterLease,
 )
-from ._chunk_rows import (
-    CHUNK_ROW_TAGS,
-    ChunkRowError,
-    expand_chunk_row,
-    expand_chunk_rows,
-    pack_chunk_rows,
-    row_member_count,
-)
-from ._contiguity import check_contiguous, first_seq_gap
-from ._errors import (
+from ._host.host import hookimpl
+from ._model.errors import (
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
     SeqMismatchError,
@@ -61,7 +64,25 @@ from ._errors import (
     SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
-from ._event_codec import (
+from ._model.events import EVENT_TYPES, SessionEvent
+from ._model.header import (
+    READABLE_FORMAT_VERSIONS,
+    SESSION_FORMAT_VERSION,
+    SessionHeader,
+    header_from_builtins,
+    header_from_stored,
+    header_to_builtins,
+)
+from ._model.jsonvalue import MAX_SAFE_INTEGER, is_safe_int
+from ._wire.chunk_rows import (
+    CHUNK_ROW_TAGS,
+    ChunkRowError,
+    expand_chunk_row,
+    expand_chunk_rows,
+    pack_chunk_rows,
+    row_member_count,
+)
+from ._wire.codec import (
     check_message_shape,
     check_source_event_seqs,
     decode_event,
@@ -70,36 +91,15 @@ from ._event_codec import (
     event_to_builtins,
     first_refused_unknown,
 )
-from ._events import EVENT_TYPES, SessionEvent
-from ._format import check_format_version, refuse_unknown_events
-from ._header import (
-    READABLE_FORMAT_VERSIONS,
-    SESSION_FORMAT_VERSION,
-    SessionHeader,
-    header_from_builtins,
-    header_from_stored,
-    header_to_builtins,
-)
-from ._host import hookimpl
-from ._json import MAX_SAFE_INTEGER, is_safe_int
-from ._listing import (
-    LIST_ORDERS,
-    ListOrder,
-    ListPosition,
-    ListQuery,
-    SessionListing,
-    SessionPage,
-    decode_list_cursor,
-    encode_list_cursor,
-    page_of,
-)
-from ._storage_lines import (
+from ._wire.contiguity import check_contiguous, first_seq_gap
+from ._wire.storage_lines import (
     StorageLineError,
     decode_storage_line,
     decode_storage_lines,
     decode_storage_lines_from,
     encode_storage_lines,
 )
+from ._wire.versions import check_format_version, refuse_unknown_events
 
 __all__ = [
     "CHUNK_ROW_TAGS",

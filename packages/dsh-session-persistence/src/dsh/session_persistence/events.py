@@ -11,7 +11,7 @@ names from this module; the modules whose names start with ``_`` are private.
 
 from __future__ import annotations
 
-from ._events import (
+from ._model.events import (
     EVENT_TYPES,
     FINISH_KINDS,
     SURFACE_EVENT_TYPES,
@@ -83,7 +83,7 @@ from ._events import (
     UserMessage,
     UserSource,
 )
-from ._json import MAX_JSON_DEPTH, JsonValue, NotLosslessJsonError, is_json_value, snapshot_json
+from ._model.jsonvalue import MAX_JSON_DEPTH, JsonValue, NotLosslessJsonError, is_json_value, snapshot_json
 
 __all__ = [
     "MAX_JSON_DEPTH",

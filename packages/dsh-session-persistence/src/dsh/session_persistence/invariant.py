@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from ._errors import TurnInvariantError
-from ._host import Host, hookimpl
-from ._validator import TurnValidator, validate_turns
+from ._host.host import Host, hookimpl
+from ._model.errors import TurnInvariantError
+from ._model.validator import TurnValidator, validate_turns
 
 if TYPE_CHECKING:
-    from ._events import SessionEvent
-    from ._session import Session
+    from ._host.session import Session
+    from ._model.events import SessionEvent
 
 __all__ = [
     "ENTRY_POINT_GROUP",

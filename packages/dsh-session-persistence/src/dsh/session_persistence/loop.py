@@ -32,9 +32,9 @@ pre-/post-execute policy and approval. A turn is started explicitly with :meth:`
 
 from __future__ import annotations
 
-from ._boundaries import CancelSignal, ModelRequest
-from ._loop_agent import AgentLoop
-from ._loop_protocols import (
+from ._host.boundaries import CancelSignal, ModelRequest
+from ._loop.agent import AgentLoop
+from ._loop.protocols import (
     DEFAULT_MAX_PARALLEL_TOOL_CALLS,
     RUNTIME_PLUGIN_NAME,
     LlmError,
@@ -42,8 +42,8 @@ from ._loop_protocols import (
     Tool,
     ToolOutput,
 )
-from ._tools import ANY_OBJECT_SCHEMA, FunctionTool, tool_spec
-from ._turn_result import TurnReason, TurnResult
+from ._loop.tools import ANY_OBJECT_SCHEMA, FunctionTool, tool_spec
+from ._loop.turn_result import TurnReason, TurnResult
 
 __all__ = [
     "ANY_OBJECT_SCHEMA",

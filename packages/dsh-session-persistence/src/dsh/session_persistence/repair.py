@@ -10,7 +10,7 @@ uses :data:`TOOL_ABORTED` and :data:`TOOL_ABORTED_BEFORE_DISPATCH` for calls a c
 
 from __future__ import annotations
 
-from ._repair import (
+from ._model.repair import (
     TOOL_ABORTED,
     TOOL_ABORTED_BEFORE_DISPATCH,
     TOOL_ABORTED_BEFORE_DISPATCH_TEXT,

@@ -6,9 +6,9 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from .._event_codec import encode_event
-from .._events import InterruptedReason
-from .._host import Host
+from .._host.host import Host
+from .._model.events import InterruptedReason
+from .._wire.codec import encode_event
 from ._context import Stack
 from ._errors import EXIT_DAMAGED, EXIT_OK, CliError
 from ._examine import SessionReport, examine

@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .._backend import SessionBackend
-from .._coordinator import PersistenceCoordinator
-from .._errors import SessionStorageError
-from .._host import Host
+from .._backends.protocol import SessionBackend
+from .._coordinator.service import PersistenceCoordinator
+from .._host.host import Host
+from .._model.errors import SessionStorageError
 from ._errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 
 __all__ = [

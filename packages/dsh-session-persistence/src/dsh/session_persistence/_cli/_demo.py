@@ -29,8 +29,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from .._coordinator import PersistenceCoordinator
-from .._session import SessionStore
+from .._coordinator.service import PersistenceCoordinator
+from .._host.session import SessionStore
 from ..loop import AgentLoop
 from ._context import Stack, load_host, select_backend
 from ._demo_model import API_KEY_ENV, RealModel, adapter_factory, close_adapter, open_adapter, real_model

@@ -21,9 +21,9 @@ from typing import Any, NoReturn
 
 import anyio
 
-from .._coordinator import PersistenceCoordinator
-from .._host import Host
-from .._session import SessionStore
+from .._coordinator.service import PersistenceCoordinator
+from .._host.host import Host
+from .._host.session import SessionStore
 from ..loop import AgentLoop
 from ._demo_model import RealModel, close_adapter, open_adapter, real_model
 from ._demo_script import (

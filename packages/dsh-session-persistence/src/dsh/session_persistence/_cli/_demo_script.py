@@ -19,8 +19,8 @@ from typing import Any
 
 import anyio.lowlevel
 
-from .._boundaries import CancelSignal, ModelRequest
-from .._events import (
+from .._host.boundaries import CancelSignal, ModelRequest
+from .._model.events import (
     BlockEndChunk,
     BlockStartChunk,
     FinishChunk,

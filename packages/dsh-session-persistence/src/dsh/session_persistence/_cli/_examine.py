@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .._errors import (
+from .._model.errors import (
     SessionFormatUnsupportedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
 )
-from .._events import SessionEvent
-from .._header import SessionHeader
-from .._views import SessionInspection
+from .._model.events import SessionEvent
+from .._model.header import SessionHeader
+from .._model.views import SessionInspection
 from ._context import Stack
 
 __all__ = ["RECOVERABLE", "SessionReport", "TornInfo", "examine", "file_stat"]

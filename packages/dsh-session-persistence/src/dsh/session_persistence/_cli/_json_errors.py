@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from .._errors import (
+from .._model.errors import (
     LifecycleArgumentError,
     SessionChangedError,
     SessionCursorError,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._errors import SessionChangedError, SessionLiveError, SessionLockedError, SessionNotFoundError
-from .._listing import SessionListing
+from .._backends.listing import SessionListing
+from .._model.errors import SessionChangedError, SessionLiveError, SessionLockedError, SessionNotFoundError
 from ._context import Stack
 from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CliError
 from ._examine import file_stat

@@ -11,10 +11,10 @@ import contextlib
 import os
 from typing import Any
 
-from .._backend import StoredArtifact, SupportsArtifactScan, SupportsListPage
-from .._errors import SessionNotFoundError
-from .._events import SessionEvent, TextBlock
-from .._listing import SessionListing
+from .._backends.listing import SessionListing
+from .._backends.protocol import StoredArtifact, SupportsArtifactScan, SupportsListPage
+from .._model.errors import SessionNotFoundError
+from .._model.events import SessionEvent, TextBlock
 from ._context import Stack
 from ._errors import EXIT_OK, EXIT_USAGE, CliError
 from ._examine import SessionReport, examine

@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import anyio
 
-from .._errors import (
+from .._model.errors import (
     LifecycleArgumentError,
     SessionFormatUnsupportedError,
     SessionNotFoundError,

@@ -7,10 +7,10 @@ event that breaks the turn rules, so what comes out is a log prefix every reader
 
 from __future__ import annotations
 
-from .._backend import SupportsSalvage
-from .._errors import SessionNotFoundError, SessionPersistenceCorruptionError
-from .._events import SessionEvent
-from .._validator import TurnValidator
+from .._backends.protocol import SupportsSalvage
+from .._model.errors import SessionNotFoundError, SessionPersistenceCorruptionError
+from .._model.events import SessionEvent
+from .._model.validator import TurnValidator
 from ._context import Stack
 from ._errors import EXIT_DAMAGED, CliError
 from ._io import Io

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from .._errors import SessionLockedError
+from .._coordinator.service import core_of
+from .._model.errors import SessionLockedError
 from ._context import Stack
 from ._discard import discard_damaged_tail
 from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_OK, EXIT_USAGE, CliError
@@ -92,7 +93,7 @@ async def _take_lease(stack: Stack, report: SessionReport) -> None:
     if report.header is None:
         return
     try:
-        await stack.coordinator._take_writer_lease(report.header)
+        await core_of(stack.coordinator).hold_writer_lease(report.header)
     except SessionLockedError as exc:
         raise CliError(f"cannot repair: {exc}; stop that writer first (nothing was written)", EXIT_DAMAGED) from exc
 

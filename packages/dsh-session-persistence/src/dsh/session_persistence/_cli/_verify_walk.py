@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
-from .._backend import SupportsArtifactScan
-from .._errors import SessionNotFoundError
+from .._backends.protocol import SupportsArtifactScan
+from .._model.errors import SessionNotFoundError
 from ._context import Stack
 from ._examine import SessionReport, examine, file_stat
 from ._io import Io

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .._errors import SessionNotFoundError
-from .._header import header_to_builtins
+from .._model.errors import SessionNotFoundError
+from .._model.header import header_to_builtins
 from ._context import Stack
 from ._examine import SessionReport, examine
 from ._io import Io

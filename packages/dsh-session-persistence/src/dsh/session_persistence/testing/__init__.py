@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._scheduling import ManualScheduler, Scheduler
+from .._coordinator.scheduling import ManualScheduler, Scheduler
 from ._controlled import ControlledMemoryBackend
 from ._crash_states import CrashStateReport, Recording, check_crash_states, record_session
 from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace

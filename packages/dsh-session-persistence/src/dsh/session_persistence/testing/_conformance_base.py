@@ -9,10 +9,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._backend import SessionBackend, StorageMetadata, SupportsRewrite
-from .._events import SessionEvent
-from .._header import SessionHeader, header_to_builtins
-from .._session import Session
+from .._backends.protocol import SessionBackend, StorageMetadata, SupportsRewrite
+from .._host.session import Session
+from .._model.events import SessionEvent
+from .._model.header import SessionHeader, header_to_builtins
 from ._rig import BackendFactory, ConformanceRig
 from .fixtures import ANYIO_BACKENDS
 

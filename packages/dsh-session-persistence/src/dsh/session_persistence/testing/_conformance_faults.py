@@ -9,17 +9,17 @@ from typing import Any
 import anyio
 import pytest
 
-from .._errors import (
+from .._host.session import Session
+from .._model.errors import (
     SessionPersistenceError,
     SessionStorageError,
     SessionWriteInDoubtError,
 )
-from .._events import (
+from .._model.events import (
     OpaqueEvent,
     SessionEvent,
     TurnEnd,
 )
-from .._session import Session
 from ._conformance_base import (
     _append_live,
     _ids,

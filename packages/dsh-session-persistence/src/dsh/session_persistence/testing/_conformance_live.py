@@ -6,18 +6,18 @@ import os
 
 import pytest
 
-from .._backend import RawArtifact, SessionLocation
-from .._errors import (
+from .._backends.protocol import RawArtifact, SessionLocation
+from .._host.host import Host
+from .._host.session import Session
+from .._model.errors import (
     LiveTurnOpenError,
     SessionIdCollisionError,
     SessionNotFoundError,
     SessionPersistenceError,
     UnsupportedOperationError,
 )
-from .._event_codec import event_types
-from .._events import EndSeed
-from .._host import Host
-from .._session import Session
+from .._model.events import EndSeed
+from .._wire.codec import event_types
 from ._conformance_base import (
     _append_live,
     _KitBase,

@@ -8,7 +8,8 @@ from typing import Any
 import anyio
 import pytest
 
-from .._errors import (
+from .._host.session import Session
+from .._model.errors import (
     IncompleteInheritedPrefixError,
     SeqMismatchError,
     SessionAlreadyExistsError,
@@ -16,8 +17,7 @@ from .._errors import (
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
 )
-from .._event_codec import event_types
-from .._events import (
+from .._model.events import (
     InterruptedReason,
     Message,
     OpaqueEvent,
@@ -29,9 +29,9 @@ from .._events import (
     UserMessage,
     UserSource,
 )
-from .._header import SESSION_FORMAT_VERSION
-from .._repair import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN
-from .._session import Session
+from .._model.header import SESSION_FORMAT_VERSION
+from .._model.repair import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN
+from .._wire.codec import event_types
 from ._conformance_base import (
     _ids_of,
     _KitBase,

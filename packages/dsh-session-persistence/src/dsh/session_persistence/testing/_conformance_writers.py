@@ -29,17 +29,18 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from .._backend import SessionBackend, StorageMetadata, SupportsRewrite, SupportsWriterLease
-from .._errors import (
+from .._backends.protocol import SessionBackend, StorageMetadata, SupportsRewrite, SupportsWriterLease
+from .._coordinator.service import core_of
+from .._host.session import Session
+from .._model.errors import (
     SeqMismatchError,
     SessionLockedError,
     SessionPersistenceError,
     SessionWriteInDoubtError,
 )
-from .._event_codec import event_to_builtins
-from .._events import SessionEvent
-from .._header import header_to_builtins
-from .._session import Session
+from .._model.events import SessionEvent
+from .._model.header import header_to_builtins
+from .._wire.codec import event_to_builtins
 from ._faults import FaultInjectingBackend
 from ._logs import meta, one_turn_log, simple_turn, step_end, step_start, turn_end, turn_start
 from ._rig import ConformanceRig
@@ -145,8 +146,7 @@ class _WriterCases:
                     await b.persistence.append("handover", simple_turn(6, 2))
                 a.store.dispose(session)
                 with anyio.fail_after(CHILD_LIMIT):  # a safety net, never a timing assertion
-                    while a.persistence._retirements:
-                        await anyio.lowlevel.checkpoint()
+                    await core_of(a.persistence).wait_retired("handover")
                 await b.persistence.append("handover", simple_turn(6, 2))
         assert await conformance.stored_events("handover") == one_turn_log() + simple_turn(6, 2)
 

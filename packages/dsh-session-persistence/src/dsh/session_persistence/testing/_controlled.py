@@ -17,10 +17,10 @@ import builtins
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
-from .._backend import SessionSnapshot, StorageMetadata, StoredPrefix, StoredSuffix
-from .._events import SessionEvent
-from .._header import SessionHeader
-from .._memory import MemoryBackend, MemoryStore
+from .._backends.memory import MemoryBackend, MemoryStore
+from .._backends.protocol import SessionSnapshot, StorageMetadata, StoredPrefix, StoredSuffix
+from .._model.events import SessionEvent
+from .._model.header import SessionHeader
 
 __all__ = ["ControlledMemoryBackend", "Primitive"]
 

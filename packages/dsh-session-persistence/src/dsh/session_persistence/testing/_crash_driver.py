@@ -24,11 +24,11 @@ from typing import Any
 
 import anyio
 
-from .._coordinator import PersistenceCoordinator
-from .._event_codec import encode_event
-from .._events import SessionEvent
-from .._host import Host
-from .._session import SessionStore
+from .._coordinator.service import PersistenceCoordinator
+from .._host.host import Host
+from .._host.session import SessionStore
+from .._model.events import SessionEvent
+from .._wire.codec import encode_event
 from ._crash_common import SESSION_ID, load_factory
 from ._logs import meta, simple_turn, step_start, turn_start, user_message
 

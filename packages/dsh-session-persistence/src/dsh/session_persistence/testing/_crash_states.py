@@ -34,8 +34,8 @@ from typing import Any
 
 import anyio
 
-from .._errors import SessionPersistenceCorruptionError
-from .._event_codec import encode_event
+from .._model.errors import SessionPersistenceCorruptionError
+from .._wire.codec import encode_event
 from ._crash_common import SESSION_ID, load_factory
 from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace
 from ._shim import build_shim, shim_environment

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import anyio
 
-from .._backend import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix
-from .._events import SessionEvent
-from .._header import SessionHeader
+from .._backends.protocol import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix
+from .._model.events import SessionEvent
+from .._model.header import SessionHeader
 
 __all__ = ["FaultInjectingBackend", "InjectedFault"]
 

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._backend import (
+from .._backends.listing import SessionListing
+from .._backends.protocol import (
     SessionBackend,
     StorageMetadata,
     SupportsCompact,
@@ -25,7 +26,7 @@ from .._backend import (
     SupportsListPage,
     SupportsWriterLease,
 )
-from .._errors import (
+from .._model.errors import (
     LifecycleArgumentError,
     SessionChangedError,
     SessionCursorError,
@@ -34,9 +35,8 @@ from .._errors import (
     SessionNeedsRepairError,
     SessionNotFoundError,
 )
-from .._events import SessionEvent
-from .._header import SessionHeader, header_to_builtins
-from .._listing import SessionListing
+from .._model.events import SessionEvent
+from .._model.header import SessionHeader, header_to_builtins
 from ._logs import WORK, meta, one_turn_log, simple_turn, step_start, turn_start
 from ._rig import BackendFactory, ConformanceRig
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._event_codec import decode_event
-from .._events import OpaqueEvent, SessionEvent
-from .._header import SESSION_FORMAT_VERSION, SessionHeader
+from .._model.events import OpaqueEvent, SessionEvent
+from .._model.header import SESSION_FORMAT_VERSION, SessionHeader
+from .._wire.codec import decode_event
 
 __all__ = [
     "OTHER",

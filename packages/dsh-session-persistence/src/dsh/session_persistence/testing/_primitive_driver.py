@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from .._backend import StorageMetadata
+from .._backends.protocol import StorageMetadata
 from ._crash_common import SESSION_ID, load_factory
 from ._logs import meta, simple_turn
 from ._shim import OPS, FaultRule, fault_spec

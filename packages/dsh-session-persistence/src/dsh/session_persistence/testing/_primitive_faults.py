@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from .._event_codec import encode_event
+from .._wire.codec import encode_event
 from ._crash_common import SESSION_ID, load_factory
 from ._crash_trace import read_trace
 from ._logs import simple_turn

@@ -15,12 +15,12 @@ from typing import Any
 if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
     from exceptiongroup import ExceptionGroup
 
-from .._backend import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix
-from .._coordinator import PersistenceCoordinator
-from .._events import SessionEvent
-from .._header import SessionHeader
-from .._host import Host
-from .._session import SessionStore
+from .._backends.protocol import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix
+from .._coordinator.service import PersistenceCoordinator
+from .._host.host import Host
+from .._host.session import SessionStore
+from .._model.events import SessionEvent
+from .._model.header import SessionHeader
 
 __all__ = ["BackendFactory", "ConformanceRig", "Opened", "aclose_backend"]
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import anyio
 
-from .._boundaries import CancelSignal, ModelRequest, ToolExecutionResult
-from .._events import (
+from .._host.boundaries import CancelSignal, ModelRequest, ToolExecutionResult
+from .._model.events import (
     BlockEndChunk,
     BlockStartChunk,
     FinishChunk,

@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._backend import StorageMetadata
-from .._errors import SeqMismatchError, SessionAlreadyExistsError, SessionPersistenceError
+from .._backends.protocol import StorageMetadata
+from .._model.errors import SeqMismatchError, SessionAlreadyExistsError, SessionPersistenceError
 from ._logs import meta, one_turn_log, simple_turn
 from ._rig import BackendFactory, ConformanceRig, aclose_backend
 from .fixtures import ANYIO_BACKENDS

@@ -14,12 +14,12 @@ from typing import Any
 
 import anyio
 
-from .._backend import SessionBackend, StorageMetadata
-from .._coordinator import PersistenceCoordinator
-from .._errors import SessionLockedError
-from .._event_codec import decode_event
-from .._header import SESSION_FORMAT_VERSION, SessionHeader
-from .._host import Host
+from .._backends.protocol import SessionBackend, StorageMetadata
+from .._coordinator.service import PersistenceCoordinator
+from .._host.host import Host
+from .._model.errors import SessionLockedError
+from .._model.header import SESSION_FORMAT_VERSION, SessionHeader
+from .._wire.codec import decode_event
 from ._logs import one_turn_log
 
 __all__ = ["churn_materializations", "write_and_hold"]

@@ -1,0 +1,276 @@
+"""The live path: one write-behind controller per live Session, its initialization, writes and flush barrier.
+
+When a Session is published (or is already live when the coordinator starts), its initialization runs on the
+id's FIFO chain and settles one of four cases: the Session already owns the state; ownerless state from
+``create``/``load``/a storage-only ``append`` is claimed; a stored log written by this Session earlier is
+adopted (hot reload: a torn tail is cut, a live turn is never closed); or the session is new. Adopting a stored
+log takes the writer lease first. Every later batch from the write-behind controller skips what
+initialization already wrote and is appended through :mod:`._durable`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from anyio.lowlevel import checkpoint_if_cancelled
+from msgspec import UNSET
+
+from .._backends.protocol import StorageMetadata
+from .._host.session import Session
+from .._model.errors import (
+    LiveTurnOpenError,
+    SessionIdCollisionError,
+    SessionNotFoundError,
+    SessionPersistenceError,
+    SessionReservedError,
+)
+from .._model.events import SessionEvent
+from .._model.header import SessionHeader
+from .._model.repair import has_open_turn
+from .._model.views import SessionInspection
+from .._wire.stored_log import same_events, validate_stored
+from .durable import append, repair, settle_doubt
+from .scheduling import Scheduler
+from .state import CoordinatorCore, Outcome, SessionState
+from .write_behind import WriteBehindController
+
+__all__ = ["Live", "LivePath", "live_view"]
+
+_logger = logging.getLogger("dsh.session_persistence")
+
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
+
+@dataclass(eq=False)
+class Live:
+    """One live Session's persistence: its initialization and its write-behind controller."""
+
+    init: Outcome
+    writes: WriteBehindController[SessionEvent]
+
+
+def live_view(session: Session) -> SessionInspection:
+    """A live Session's own events as an inspection (may be unbalanced)."""
+    return SessionInspection(session.header, session.inherited_event_count, session.events)
+
+
+def _show_cwd(cwd: object) -> str:
+    return "none" if cwd is UNSET else str(cwd)
+
+
+def _check_identity(session_id: str, storage: StorageMetadata, header: SessionHeader, cut: int) -> None:
+    persisted = storage.meta.cwd
+    if persisted != header.cwd:
+        raise SessionIdCollisionError(
+            f'session "{session_id}" is already persisted at a different cwd (persisted: {_show_cwd(persisted)}, '
+            f"live: {_show_cwd(header.cwd)}) (id collision)"
+        )
+    if storage.inherited_event_count != cut:
+        raise SessionIdCollisionError(
+            f'session "{session_id}" is already persisted with a different inherited event count (id collision)'
+        )
+
+
+class LivePath:
+    """The live Sessions of one coordinator and what persists them."""
+
+    def __init__(self, core: CoordinatorCore, spawn: Spawn, delay_ms: int) -> None:
+        self.core = core
+        self.spawn = spawn
+        self.delay_ms = delay_ms
+        self.scheduler: Scheduler | None = None
+        self.running = False
+        self.live: dict[Session, Live] = {}
+
+    # -- publication and initialization ---------------------------------------------------------------------
+
+    def on_created(self, session: Session) -> None:
+        """The ``session_created`` hook: veto publication while a cold load will commit state for the id."""
+        if self.core.reservations.get(session.id):
+            raise SessionReservedError(
+                f'cannot publish session "{session.id}": persisted state already owns this identity'
+            )
+        self.ensure_live(session)
+
+    def ensure_live(self, session: Session) -> Live:
+        """Get or create the Session's controller and start its initialization (idempotent per Session)."""
+        live = self.live.get(session)
+        if live is not None:
+            return live
+        core = self.core
+        if not self.running:
+            raise SessionPersistenceError(f"{core.name} persistence coordinator is not running")
+        assert self.scheduler is not None
+        session_id = session.id
+
+        async def write(batch: builtins.list[SessionEvent]) -> None:
+            if not live_entry.init.settled():
+                await live_entry.init.wait()
+            await core.chains.run(session_id, lambda: self.write_live(session, batch))
+
+        def report(error: BaseException) -> None:
+            _logger.warning(
+                '%s: background write for session "%s" failed (buffered events retained): %s',
+                core.name,
+                session_id,
+                error,
+            )
+
+        controller: WriteBehindController[SessionEvent] = WriteBehindController(
+            write=write,
+            report_background_failure=report,
+            scheduler=self.scheduler,
+            spawn=self.spawn,
+            max_delay_ms=self.delay_ms,
+        )
+        live_entry = Live(init=Outcome(), writes=controller)
+        self.live[session] = live_entry
+        # The seed is what the Session holds now; later events reach the controller through session_event.
+        seed = session.events
+        ticket = core.chains.take(session_id)
+
+        async def run_init() -> None:
+            try:
+                await core.chains.run(session_id, lambda: self.init(session, seed), ticket)
+            except Exception as exc:
+                live_entry.init.settle(exc)
+            except BaseException:
+                live_entry.init.settle(SessionPersistenceError(f'session "{session_id}" initialization was cancelled'))
+                raise
+            else:
+                live_entry.init.settle()
+
+        try:
+            self.spawn(run_init)
+        except BaseException:
+            core.chains.release(session_id, ticket)
+            del self.live[session]
+            raise
+        return live_entry
+
+    async def init(self, session: Session, seed: tuple[SessionEvent, ...]) -> None:
+        """Initialization (claim, hot-reload adoption, or a new session). Runs serialized."""
+        core = self.core
+        session_id = session.id
+        header = session.header
+        cut = session.inherited_event_count
+        state = core.states.get(session_id)
+        if state is not None and state.owner is session:
+            return
+        if state is not None and state.owner is not None:
+            other = self.live.get(state.owner)
+            if state.materialized or (other is not None and other.writes.has_work):
+                raise SessionIdCollisionError(
+                    f'session "{session_id}" is already bound to a different live session in this backend '
+                    "(id collision)"
+                )
+            del core.states[session_id]  # an abandoned lazy id is reclaimable
+            state = None
+        if state is not None:
+            # Claim ownerless state (from create, load or a storage-only append).
+            _check_identity(session_id, state.storage, header, cut)
+            if state.materialized:
+                await core.leases.acquire(state.storage.meta)  # adoption: the lease before reading for good
+                await settle_doubt(core, session_id, state)
+                stored = await core.backend.load_stored(session_id)
+                if stored is None or not _extends(stored.events, state.cursor, seed):
+                    raise SessionIdCollisionError(
+                        f'session "{session_id}" is already persisted with {state.cursor} event(s) that do not '
+                        "match this live session (id collision)"
+                    )
+                state.cursor = len(stored.events)
+                if stored.torn_marker is not None:
+                    await repair(core, session_id, state.storage, stored.torn_marker, [])
+            state.owner = session
+            if len(seed) > state.cursor:
+                await append(core, session_id, state, seed[state.cursor :])
+            return
+        stored = await core.backend.load_stored(session_id)
+        # Hot-reload adoption of a stored log by the Session that wrote it: under the lease, re-read if it moved.
+        if stored is not None and await core.leases.acquire(stored.meta):
+            revision = await core.backend.read_stored_revision(session_id)
+            if revision != stored.revision:
+                stored = await core.backend.load_stored(session_id)
+        if stored is not None:
+            storage = StorageMetadata(stored.meta, stored.inherited_event_count)
+            location = core.location(stored.meta)
+            validate_stored(session_id, stored.meta, stored.inherited_event_count, stored.events, location, whole=False)
+            _check_identity(session_id, storage, header, cut)
+            if len(stored.events) > len(seed) or not same_events(stored.events, seed[: len(stored.events)]):
+                raise SessionIdCollisionError(
+                    f'session "{session_id}" already has a persisted log on disk that does not match this live '
+                    "session (id collision)"
+                )
+            state = SessionState(storage, len(stored.events), True, session)
+            if stored.torn_marker is not None:
+                # Truncate only: a live turn is never closed by repair.
+                await repair(core, session_id, storage, stored.torn_marker, [])
+            core.states[session_id] = state
+        else:
+            # A new session: nothing is written (and no lease taken) before its first batch.
+            state = SessionState(StorageMetadata(header, cut), 0, False, session)
+            core.states[session_id] = state
+        if len(seed) > state.cursor:
+            await append(core, session_id, state, seed[state.cursor :])
+
+    # -- writes and flush -----------------------------------------------------------------------------------
+
+    async def write_live(self, session: Session, batch: builtins.list[SessionEvent]) -> None:
+        """The write-behind sink: settle any in-doubt write, skip what is stored, then append. Serialized."""
+        core = self.core
+        session_id = session.id
+        state = core.states.get(session_id)
+        if state is None or state.owner is not session:
+            raise SessionIdCollisionError(
+                f'session "{session_id}" is already bound to a different live session in this backend (id collision)'
+            )
+        await settle_doubt(core, session_id, state)
+        fresh = [event for event in batch if event.seq >= state.cursor]
+        if fresh:
+            await append(core, session_id, state, fresh)
+
+    async def flush(self, session: Session) -> None:
+        """Coordinator flush: initialization first, then the controller's quiescence barrier."""
+        live = self.live.get(session)
+        if live is None:
+            store = self.core.host.sessions
+            if store is None or not store.is_live(session):
+                raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
+            live = self.ensure_live(session)
+        live.writes.cancel_automatic_wait()
+        if not live.init.settled():
+            try:
+                await live.init.wait()
+            except BaseException:
+                live.writes.cancel_automatic_wait()
+                raise
+        else:
+            # No suspension on this path when nothing is pending, but a cancelled caller still stops here.
+            await checkpoint_if_cancelled()
+        await live.writes.flush()
+
+    async def load_live(self, session: Session) -> SessionInspection:
+        """``load`` of a live id: flush, then the live events (refused while the turn is open)."""
+        session_id = session.id
+        snapshot = session.events
+        await self.flush(session)
+        state = self.core.states.get(session_id)
+        if not snapshot and (state is None or not state.materialized):
+            raise SessionNotFoundError(session_id)
+        if has_open_turn(snapshot):
+            raise LiveTurnOpenError(
+                f'cannot load session "{session_id}" while its live turn is open; '
+                "use the live Session or wait for the turn to close"
+            )
+        if state is None:
+            return SessionInspection(session.header, session.inherited_event_count, snapshot)
+        return SessionInspection(state.storage.meta, state.storage.inherited_event_count, snapshot)
+
+
+def _extends(stored: builtins.list[SessionEvent], cursor: int, seed: tuple[SessionEvent, ...]) -> bool:
+    """Whether the stored log is this Session's own: at least ``cursor`` events, all of them a prefix of the seed."""
+    return len(stored) >= cursor and len(stored) <= len(seed) and same_events(stored, seed[: len(stored)])

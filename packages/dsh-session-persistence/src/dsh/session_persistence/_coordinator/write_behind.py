@@ -1,0 +1,335 @@
+"""Per-session write-behind controller (spec coordinator §3).
+
+A synchronous state machine: :meth:`WriteBehindController.enqueue` is called from the synchronous
+``session_event`` hook and never blocks. Events wait in ``pending`` for a fixed window (armed by the
+first pending event, never extended), then go to the durable sink as one batch. At most one write is
+in flight; events that arrive meanwhile form a follow-up batch. :meth:`WriteBehindController.flush`
+is a shared quiescence barrier. A failed background write keeps its events (in order, in front of
+newer ones), is reported once, and pauses automatic retry until a new event or an explicit flush.
+
+Background writes and the barrier drain run as tasks spawned into a task group owned by the caller
+(the coordinator), so a flush caller that is cancelled abandons only its own wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+import anyio
+
+from .scheduling import Scheduler, Spawn, TimerHandle
+
+__all__ = [
+    "DEFAULT_MAX_DELAY_MS",
+    "MAX_DELAY_MS_LIMIT",
+    "WriteBehindAbandonedError",
+    "WriteBehindController",
+]
+
+_logger = logging.getLogger("dsh.session_persistence")
+
+E = TypeVar("E")
+
+#: Default write-behind window in milliseconds.
+DEFAULT_MAX_DELAY_MS = 200
+#: Largest accepted window (the JavaScript timer limit the original API inherited).
+MAX_DELAY_MS_LIMIT = 2_147_483_647
+
+
+class WriteBehindAbandonedError(RuntimeError):
+    """A flush barrier's drain task was cancelled (its task group is shutting down) before it finished.
+
+    Raised to flush callers that were still waiting on that barrier: their own wait was not
+    cancelled, but quiescence was not reached. The events that were not confirmed durable stay
+    pending.
+    """
+
+
+def _identity(event: E) -> E:
+    return event
+
+
+class _Write(Generic[E]):
+    """One in-flight write: the batch it took and a completion signal for the barrier to wait on."""
+
+    __slots__ = ("batch", "settled")
+
+    def __init__(self, batch: list[E]) -> None:
+        self.batch = batch
+        self.settled = anyio.Event()
+
+
+class _Barrier:
+    """Shared flush completion: every joined caller waits on one drain and sees one outcome."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: BaseException | None = None
+
+    def close(self, error: BaseException | None) -> None:
+        self.error = error
+        self.done.set()
+
+    async def wait(self) -> None:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class WriteBehindController(Generic[E]):
+    """Batches one live session's events into durable writes (spec coordinator §3.2).
+
+    :param write: durable sink; awaited with the whole batch (a fresh list, ordered by enqueue).
+    :param report_background_failure: called exactly once per failed *background* write (never for a
+        barrier write, whose error goes to the flush callers instead).
+    :param scheduler: clock and timers (:class:`~._scheduling.TaskGroupScheduler` in production,
+        :class:`~._scheduling.ManualScheduler` in tests).
+    :param spawn: starts a background task in a task group the caller owns (``tg.start_soon``).
+    :param max_delay_ms: the fixed window, an integer in ``1..2147483647`` (default 200).
+    :param copy: snapshot taken of each event at enqueue time; identity by default because the
+        session's events are immutable structs.
+    """
+
+    def __init__(
+        self,
+        *,
+        write: Callable[[list[E]], Awaitable[None]],
+        report_background_failure: Callable[[BaseException], None],
+        scheduler: Scheduler,
+        spawn: Spawn,
+        max_delay_ms: int = DEFAULT_MAX_DELAY_MS,
+        copy: Callable[[E], E] = _identity,
+    ) -> None:
+        if type(max_delay_ms) is not int or not 1 <= max_delay_ms <= MAX_DELAY_MS_LIMIT:
+            raise TypeError(f"max_delay_ms must be an integer between 1 and {MAX_DELAY_MS_LIMIT}")
+        self._write = write
+        self._report = report_background_failure
+        self._scheduler = scheduler
+        self._spawn = spawn
+        self._max_delay_ms = max_delay_ms
+        self._copy = copy
+
+        self._pending: list[E] = []
+        self._timer: TimerHandle | None = None
+        self._active: _Write[E] | None = None
+        self._barrier: _Barrier | None = None
+        self._deadline_expired = False
+        self._automatic_paused = False
+
+    # -- introspection ---------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        """True while events are pending or a write is in flight."""
+        return bool(self._pending) or self._active is not None
+
+    @property
+    def max_delay_ms(self) -> int:
+        """The configured window in milliseconds."""
+        return self._max_delay_ms
+
+    @property
+    def pending_count(self) -> int:
+        """Number of events not yet handed to a write (including a failed batch put back)."""
+        return len(self._pending)
+
+    @property
+    def timer_armed(self) -> bool:
+        """True while an automatic-write window is armed."""
+        return self._timer is not None
+
+    @property
+    def automatic_paused(self) -> bool:
+        """True after a failed write until a new event or an explicit flush."""
+        return self._automatic_paused
+
+    @property
+    def flushing(self) -> bool:
+        """True while a flush barrier is draining."""
+        return self._barrier is not None
+
+    # -- producer side ---------------------------------------------------------------------------
+
+    def enqueue(self, event: E) -> None:
+        """Admit one event. Synchronous and non-blocking; never raises a write error."""
+        was_empty = not self._pending
+        self._pending.append(self._copy(event))
+        if self._barrier is not None:
+            # The running barrier drains everything admitted before it observes emptiness.
+            return
+        if self._automatic_paused:
+            self._automatic_paused = False
+            self._deadline_expired = False
+            self._cancel_timer()
+            self._arm()
+        elif was_empty:
+            # Fixed window: only the first pending event arms it; later ones join it without reset.
+            self._arm()
+
+    def cancel_automatic_wait(self) -> None:
+        """Disarm the window and forget an expired deadline (does not unpause, does not drain)."""
+        self._cancel_timer()
+        self._deadline_expired = False
+
+    async def flush(self) -> None:
+        """Quiescence barrier: return once nothing is pending and no write is active.
+
+        Concurrent callers join one drain and share its outcome. Events enqueued during the drain are
+        written by it too. A failing barrier write is raised to every joined caller (and not
+        reported); its batch stays pending and automatic retry stays paused. Cancelling a caller
+        abandons only that caller's wait: the drain itself runs in the owner's task group.
+        """
+        barrier = self._barrier
+        if barrier is None:
+            self._cancel_timer()
+            self._deadline_expired = False
+            self._automatic_paused = False
+            if self._active is None and not self._pending:
+                # Nothing to drain: complete without opening a barrier, so an event enqueued right
+                # after starts its own automatic window instead of waiting behind a finished barrier.
+                return
+            barrier = _Barrier()
+            self._barrier = barrier
+            try:
+                self._spawn(lambda: self._drain(barrier))
+            except BaseException:
+                self._barrier = None
+                raise
+        await barrier.wait()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        self._timer = self._scheduler.call_later(self._max_delay_ms, self._deadline_fired)
+
+    def _cancel_timer(self) -> None:
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            timer.cancel()
+
+    def _deadline_fired(self) -> None:
+        self._timer = None
+        if self._barrier is not None or not self._pending:
+            # Defensive: a barrier cancels the window when it starts and never re-arms it.
+            return
+        if self._active is not None:
+            # The follow-up starts the moment the active write succeeds.
+            self._deadline_expired = True
+        else:
+            self._start_background_write()
+
+    def _take_batch(self) -> _Write[E]:
+        """Start-write bookkeeping shared by background and barrier writes (all synchronous)."""
+        batch = self._pending
+        self._pending = []
+        self._cancel_timer()
+        self._deadline_expired = False
+        write = _Write(batch)
+        self._active = write
+        return write
+
+    def _restore(self, write: _Write[E]) -> None:
+        """Put a batch that did not become durable back in front of newer events, order preserved."""
+        if self._pending:
+            self._pending = [*write.batch, *self._pending]
+        else:
+            self._pending = write.batch
+
+    def _fail(self, write: _Write[E]) -> None:
+        self._restore(write)
+        self._cancel_timer()
+        self._deadline_expired = False
+        self._automatic_paused = True
+
+    def _start_background_write(self) -> None:
+        write = self._take_batch()
+        try:
+            self._spawn(lambda: self._run_background(write))
+        except BaseException:
+            # Could not even start (the owner's task group is closed): keep the events, and pause
+            # so that the next event arms a fresh window rather than joining a window that is gone.
+            self._active = None
+            self._fail(write)
+            write.settled.set()
+            raise
+
+    async def _run_background(self, write: _Write[E]) -> None:
+        try:
+            await self._write(write.batch)
+        except Exception as exc:
+            self._active = None
+            self._fail(write)
+            self._report_failure(exc)
+        except BaseException:
+            # Cancellation (owner shutting down) or an interpreter-level exit: the batch is not known
+            # to be durable, so keep it; pause so a later event arms a fresh window. Never reported,
+            # never converted into an error.
+            self._active = None
+            self._fail(write)
+            raise
+        else:
+            self._active = None
+            if self._barrier is None and self._pending and self._deadline_expired:
+                self._deadline_expired = False
+                self._start_background_write()
+            # Otherwise a non-empty pending list already has its own (unexpired) window armed.
+        finally:
+            write.settled.set()
+
+    def _report_failure(self, exc: Exception) -> None:
+        try:
+            self._report(exc)
+        except Exception:
+            # The reporter is a logging hook; if it breaks, do not take the owner's task group down.
+            _logger.exception("write-behind failure reporter raised while reporting %r", exc)
+
+    async def _drain(self, barrier: _Barrier) -> None:
+        write: _Write[E] | None = None
+        try:
+            active = self._active
+            if active is not None:
+                # Step 1: let the in-flight write settle; its error is not ours (a background failure
+                # was already reported and its batch put back, so this drain retries it).
+                await active.settled.wait()
+                self._automatic_paused = False
+            while True:
+                if not self._pending:
+                    # Close in the same step that observes emptiness: nothing can slip in between.
+                    self._barrier = None
+                    barrier.close(None)
+                    return
+                write = self._take_batch()
+                try:
+                    await self._write(write.batch)
+                except Exception as exc:
+                    self._active = None
+                    self._fail(write)
+                    write.settled.set()
+                    write = None
+                    self._barrier = None
+                    barrier.close(exc)
+                    return
+                self._active = None
+                write.settled.set()
+                write = None
+        except BaseException:
+            # Cancelled by the owner's task group (or an interpreter exit). Keep unconfirmed events,
+            # pause (the next event re-arms), and release joined callers rather than stranding them.
+            if write is not None:
+                self._active = None
+                self._restore(write)
+                write.settled.set()
+            if self._pending:
+                self._cancel_timer()
+                self._deadline_expired = False
+                self._automatic_paused = True
+            if self._barrier is barrier:
+                self._barrier = None
+            if not barrier.done.is_set():
+                barrier.close(WriteBehindAbandonedError("write-behind flush was abandoned: its drain was cancelled"))
+            raise

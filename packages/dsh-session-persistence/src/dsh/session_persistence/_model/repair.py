@@ -1,0 +1,173 @@
+"""Crash repair: close an interrupted final turn honestly instead of truncating it (session-core §3).
+
+A pure function of the stored events. It appends, in order, one synthetic ``tool/result`` per unanswered
+model-requested call (``TOOL_NOT_STARTED`` when no durable ``tool/call`` exists, else ``TOOL_OUTCOME_UNKNOWN``),
+then ``step/end`` if a step is open, then ``turn/end {interrupted}``. Committed events are never rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from msgspec import UNSET
+
+from .events import (
+    AssistantMessage,
+    InterruptedReason,
+    Message,
+    SessionEvent,
+    StepData,
+    StepEnd,
+    StepStart,
+    TextBlock,
+    ToolCall,
+    ToolCallBlock,
+    ToolErrorInfo,
+    ToolResult,
+    ToolResultBlock,
+    ToolResultData,
+    ToolSource,
+    TurnEnd,
+    TurnEndData,
+    TurnStart,
+)
+
+__all__ = [
+    "TOOL_ABORTED",
+    "TOOL_ABORTED_BEFORE_DISPATCH",
+    "TOOL_ABORTED_BEFORE_DISPATCH_TEXT",
+    "TOOL_ABORTED_TEXT",
+    "TOOL_NOT_STARTED",
+    "TOOL_NOT_STARTED_TEXT",
+    "TOOL_OUTCOME_UNKNOWN",
+    "TOOL_OUTCOME_UNKNOWN_TEXT",
+    "has_open_turn",
+    "interrupted_turn_closers",
+]
+
+#: The assistant requested the call but no durable ``tool/call`` exists: it certainly did not start.
+TOOL_NOT_STARTED = "TOOL_NOT_STARTED"
+TOOL_NOT_STARTED_TEXT = (
+    "The tool call was interrupted before the Harness recorded it as started. Retry it if it is still needed."
+)
+#: A durable ``tool/call`` exists without a result: the side effect may or may not have happened.
+TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
+TOOL_OUTCOME_UNKNOWN_TEXT = (
+    "The tool call was interrupted after it was recorded, but no result was durably recorded. Its outcome is "
+    "unknown. Decide whether to retry from the tool semantics: retry only if the operation is read-only or "
+    "idempotent; if it may have side effects, first verify external state or ask the user. Do not retry blindly."
+)
+#: Live cancellation before the tool body ran (tool runtime, agent loop, checkpoint policy).
+TOOL_ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
+TOOL_ABORTED_BEFORE_DISPATCH_TEXT = "Error: tool call aborted before dispatch"
+#: Live cancellation after the tool body started.
+TOOL_ABORTED = "ABORTED"
+TOOL_ABORTED_TEXT = "Error: tool call aborted"
+
+_NOT_STARTED_ERROR = ToolErrorInfo(name="ToolNotStartedError", code=TOOL_NOT_STARTED)
+_UNKNOWN_ERROR = ToolErrorInfo(name="ToolOutcomeUnknownError", code=TOOL_OUTCOME_UNKNOWN)
+
+
+class _Pending:
+    __slots__ = ("call_seq", "step")
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.call_seq: int | None = None
+
+
+def has_open_turn(events: Sequence[SessionEvent]) -> bool:
+    """Whether the last turn boundary in ``events`` is a ``turn/start``."""
+    for event in reversed(events):
+        if type(event) is TurnEnd:
+            return False
+        if type(event) is TurnStart:
+            return True
+    return False
+
+
+def interrupted_turn_closers(events: Sequence[SessionEvent]) -> list[SessionEvent]:
+    """The events that close an interrupted final turn, or ``[]`` for a balanced log.
+
+    Deterministic: seqs continue from the last event, every closer reuses the last event's ``time``, and the
+    synthetic result ids are ``interrupted-tool-result-<callId>-<seq>``.
+    """
+    # Only the last turn matters: a turn/start resets the whole state and a turn/end closes it, so the walk starts
+    # at the last turn boundary (a balanced log ends with turn/end and needs no walk at all).
+    start = len(events)
+    while start:
+        start -= 1
+        boundary = events[start]
+        if isinstance(boundary, TurnStart):
+            break
+        if isinstance(boundary, TurnEnd):
+            return []
+    else:
+        return []
+    open_turn: int | None = None
+    open_step: int | None = None
+    pending: dict[str, _Pending] = {}
+    for index in range(start, len(events)):
+        event = events[index]
+        if isinstance(event, TurnStart):
+            open_turn = event.data.turn
+            open_step = None
+            pending.clear()
+        elif isinstance(event, TurnEnd):
+            open_turn = None
+            open_step = None
+            pending.clear()
+        elif isinstance(event, StepStart):
+            open_step = event.data.step
+        elif isinstance(event, StepEnd):
+            open_step = None
+            pending.clear()
+        elif isinstance(event, AssistantMessage):
+            data = event.data
+            for block in data.message.content:
+                if isinstance(block, ToolCallBlock):
+                    # A re-used id keeps its original position but loses any recorded call seq.
+                    pending[block.id] = _Pending(data.step)
+        elif isinstance(event, ToolCall):
+            entry = pending.get(event.data.call_id)
+            if entry is not None:
+                entry.call_seq = event.seq
+        elif isinstance(event, ToolResult):
+            source = event.data.message.source
+            if isinstance(source, ToolSource):
+                pending.pop(source.call_id, None)
+    if open_turn is None or not events:
+        return []
+    last = events[-1]
+    seq = last.seq + 1
+    time = last.time
+    closers: list[SessionEvent] = []
+    for call_id, entry in pending.items():
+        started = entry.call_seq is not None
+        text = TOOL_OUTCOME_UNKNOWN_TEXT if started else TOOL_NOT_STARTED_TEXT
+        message = Message(
+            id=f"interrupted-tool-result-{call_id}-{seq}",
+            role="user",
+            source=ToolSource(call_id=call_id),
+            content=(ToolResultBlock(tool_call_id=call_id, is_error=True, content=(TextBlock(text=text),)),),
+        )
+        closers.append(
+            ToolResult(
+                seq=seq,
+                time=time,
+                surface_op="append",
+                source_event_seqs=(entry.call_seq,) if entry.call_seq is not None else UNSET,
+                data=ToolResultData(
+                    turn=open_turn,
+                    step=entry.step,
+                    message=message,
+                    error=_UNKNOWN_ERROR if started else _NOT_STARTED_ERROR,
+                ),
+            )
+        )
+        seq += 1
+    if open_step is not None:
+        closers.append(StepEnd(seq=seq, time=time, data=StepData(turn=open_turn, step=open_step)))
+        seq += 1
+    closers.append(TurnEnd(seq=seq, time=time, data=TurnEndData(turn=open_turn, reason=InterruptedReason())))
+    return closers

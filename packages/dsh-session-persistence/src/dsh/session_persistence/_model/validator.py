@@ -1,0 +1,187 @@
+"""The incremental turn/step validator (session-core §2.2): O(1) per event.
+
+Runs on every seed and restore, and on every append when the invariant companion is registered. Crash-repair
+output always satisfies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .errors import TurnInvariantError
+from .events import (
+    AssistantChunk,
+    AssistantMessage,
+    OpaqueEvent,
+    RequestContext,
+    RequestHeader,
+    SessionEvent,
+    StepEnd,
+    StepStart,
+    TodoWrite,
+    ToolCall,
+    ToolResult,
+    TurnEnd,
+    TurnStart,
+)
+from .repair import TOOL_NOT_STARTED
+
+__all__ = ["TurnValidator", "validate_turns"]
+
+_IN_TURN = (RequestHeader, RequestContext, TodoWrite)
+
+
+class TurnValidator:
+    """Checks one event at a time against the turn/step rules; raises :class:`TurnInvariantError`."""
+
+    __slots__ = ("_last_seq", "_next_step", "_next_turn", "_open_step", "_open_turn", "_pending")
+
+    def __init__(self) -> None:
+        self._open_turn: int | None = None
+        self._open_step: int | None = None
+        self._next_turn = 1
+        self._next_step = 1
+        self._pending: set[str] = set()
+        self._last_seq = -1
+
+    @property
+    def open_turn(self) -> int | None:
+        """The open turn number, or ``None`` between turns."""
+        return self._open_turn
+
+    def check(self, event: SessionEvent) -> None:
+        """Validate ``event`` against the state so far and advance the state."""
+        seq = event.seq
+        if seq <= self._last_seq:
+            self._fail("seq-order", seq, f"event seq {seq} is not greater than the previous seq {self._last_seq}")
+        if type(event) is AssistantChunk:  # most events of a streamed log: skip the isinstance chain
+            chunk_data = event.data
+            self._require_step(seq, "assistant/chunk", chunk_data.turn, chunk_data.step)
+        elif isinstance(event, TurnStart):
+            turn = event.data.turn
+            if self._open_turn is not None:
+                self._fail("turn-open", seq, f"turn/start {turn} while turn {self._open_turn} is still open")
+            if turn != self._next_turn:
+                self._fail("turn-number", seq, f"turn/start expected turn {self._next_turn}, got {turn}")
+            self._open_turn = turn
+            self._next_step = 1
+            self._pending.clear()
+        elif isinstance(event, TurnEnd):
+            turn = event.data.turn
+            if turn != self._open_turn:
+                self._fail("turn-end", seq, f"turn/end {turn} does not match open turn {self._open_turn}")
+            if self._open_step is not None:
+                self._fail("turn-end-step", seq, f"turn/end {turn} while step {self._open_step} is still open")
+            self._open_turn = None
+            self._next_turn += 1
+            self._pending.clear()
+        elif isinstance(event, StepStart):
+            step_data = event.data
+            self._require_turn(seq, "step/start", step_data.turn)
+            if self._open_step is not None:
+                self._fail("step-open", seq, f"step/start {step_data.step} while step {self._open_step} is still open")
+            if step_data.step != self._next_step:
+                self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {step_data.step}")
+            self._open_step = step_data.step
+        elif isinstance(event, StepEnd):
+            self._require_step(seq, "step/end", event.data.turn, event.data.step)
+            self._open_step = None
+            self._next_step += 1
+            self._pending.clear()
+        elif isinstance(event, (AssistantChunk, AssistantMessage)):
+            self._require_step(seq, event.type, event.data.turn, event.data.step)
+        elif isinstance(event, ToolCall):
+            self._require_step(seq, "tool/call", event.data.turn, event.data.step)
+            self._pending.add(event.data.call_id)
+        elif isinstance(event, ToolResult):
+            result = event.data
+            self._require_step(seq, "tool/result", result.turn, result.step)
+            call_id = getattr(result.message.source, "call_id", None)
+            synthetic_not_started = getattr(result.error, "code", None) == TOOL_NOT_STARTED
+            if call_id in self._pending:
+                self._pending.discard(call_id)
+            elif not synthetic_not_started:
+                self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
+        elif isinstance(event, _IN_TURN) and self._open_turn is None:
+            self._fail("outside-turn", seq, f"{event.type} outside an open turn")
+        self._last_seq = seq
+
+    def check_all(self, events: Iterable[SessionEvent]) -> None:
+        """:meth:`check` every event in order (same result; runs of ``assistant/chunk`` take an inlined path)."""
+        check = self.check
+        for event in events:
+            if type(event) is AssistantChunk:
+                # What check() does for a chunk in the passing case; anything else goes through check() itself,
+                # which leaves the state untouched until it has passed and raises the exact error.
+                data = event.data
+                open_step = self._open_step
+                seq = event.seq
+                if (
+                    seq > self._last_seq
+                    and open_step is not None
+                    and data.step == open_step
+                    and self._open_turn is not None
+                    and data.turn == self._open_turn
+                ):
+                    self._last_seq = seq
+                    continue
+            check(event)
+
+    def _check_log(self, events: Sequence[SessionEvent]) -> bool:
+        """:meth:`check_all` over a whole stored log in the same pass as its seq contiguity and its event types.
+
+        ``True``: ``events`` carry the seqs ``0, 1, ...``, hold no ``OpaqueEvent`` and pass the turn rules (the
+        state then continues after the last event, as after :meth:`check_all`). ``False``, or a raised
+        :class:`TurnInvariantError`, when any of that does not hold: the state is then undefined and the caller
+        runs the separate checks in their order, which decide and name the defect. A fast path only: a stored
+        log is walked once instead of three times, and each pass over a large log's events costs milliseconds.
+        """
+        check = self.check
+        expected = self._last_seq + 1
+        if expected != 0:
+            return False  # only a fresh validator: the contiguity is from seq 0
+        open_step = self._open_step
+        open_turn = self._open_turn
+        for event in events:
+            seq = event.seq
+            if seq != expected:
+                return False
+            expected = seq + 1
+            if type(event) is AssistantChunk:
+                data = event.data
+                # What check() does for a chunk in the passing case (seq order holds: the seqs are contiguous).
+                if (
+                    open_step is not None
+                    and data.step == open_step
+                    and open_turn is not None
+                    and data.turn == open_turn
+                ):
+                    continue
+            elif type(event) is OpaqueEvent:
+                return False
+            self._last_seq = seq - 1
+            check(event)
+            open_step = self._open_step
+            open_turn = self._open_turn
+        self._last_seq = expected - 1
+        return True
+
+    def _require_turn(self, seq: int, what: str, turn: int) -> None:
+        if self._open_turn is None or turn != self._open_turn:
+            self._fail("turn-mismatch", seq, f"{what} names turn {turn} but the open turn is {self._open_turn}")
+
+    def _require_step(self, seq: int, what: str, turn: int, step: int) -> None:
+        self._require_turn(seq, what, turn)
+        if self._open_step is None or step != self._open_step:
+            self._fail("step-mismatch", seq, f"{what} names step {step} but the open step is {self._open_step}")
+
+    @staticmethod
+    def _fail(rule: str, seq: int, message: str) -> None:
+        raise TurnInvariantError(f"{message} (seq {seq}, rule {rule})", rule, seq)
+
+
+def validate_turns(events: Iterable[SessionEvent]) -> TurnValidator:
+    """Validate a whole log; returns the validator so callers can continue checking appended events."""
+    validator = TurnValidator()
+    validator.check_all(events)
+    return validator
