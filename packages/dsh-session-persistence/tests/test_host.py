@@ -41,7 +41,7 @@ def registry(host: Host) -> dict[str, list[tuple[str, object]]]:
     """Everything registration can change: the plugins and, per hook, the ordered impls."""
     hooks = {
         name: [(impl.plugin_name, impl.function) for impl in caller.get_hookimpls()]
-        for name, caller in vars(host.hook).items()
+        for name, caller in vars(host.plugin_manager.hook).items()
         if not name.startswith("_")
     }
     return {"plugins": sorted(host.list_name_plugin(), key=lambda pair: pair[0]), **hooks}
@@ -209,9 +209,9 @@ def test_wrappers_are_accepted_alongside_the_terminal() -> None:
     wrappers = [StreamWrapper(), StreamWrapper(), ToolWrapper(), ToolWrapper(), PreStepWrapper()]
     for wrapper in wrappers:
         assert host.register(wrapper) is not None
-    assert len(host.hook.llm_stream.get_hookimpls()) == 3
-    assert len(host.hook.tools_execute.get_hookimpls()) == 3
-    assert len(host.hook.agent_pre_step.get_hookimpls()) == 2
+    assert len(host.plugin_manager.hook.llm_stream.get_hookimpls()) == 3
+    assert len(host.plugin_manager.hook.tools_execute.get_hookimpls()) == 3
+    assert len(host.plugin_manager.hook.agent_pre_step.get_hookimpls()) == 2
 
 
 def test_wrappers_before_terminal_then_terminal_is_accepted() -> None:
@@ -409,7 +409,7 @@ def test_session_event_listener_failure_is_logged_once_and_isolated(caplog: pyte
     calls: list[str] = []
     host = listeners_host(calls)
     with caplog.at_level(logging.ERROR, logger="dsh.session_persistence"):
-        host.emit_session_event(FakeSession("s1"), object())  # type: ignore[arg-type]
+        host.session_event(FakeSession("s1"), object())  # type: ignore[arg-type]
     # pluggy's call order (last registered first); the raising "b" does not stop "a".
     assert calls == ["c:event", "b:event", "a:event"]
     messages = [record.getMessage() for record in caplog.records]
@@ -421,7 +421,7 @@ def test_session_disposed_listener_failure_is_isolated(caplog: pytest.LogCapture
     calls: list[str] = []
     host = listeners_host(calls)
     with caplog.at_level(logging.ERROR, logger="dsh.session_persistence"):
-        host.emit_session_disposed(FakeSession("s2"))  # type: ignore[arg-type]
+        host.session_disposed(FakeSession("s2"))  # type: ignore[arg-type]
     assert calls == ["c:disposed", "b:disposed", "a:disposed"]
     assert [r.getMessage() for r in caplog.records] == ['session "s2": session/disposed listener threw: boom from b']
 
@@ -430,8 +430,8 @@ def test_agent_notifications_are_isolated(caplog: pytest.LogCaptureFixture) -> N
     calls: list[str] = []
     host = listeners_host(calls)
     with caplog.at_level(logging.ERROR, logger="dsh.session_persistence"):
-        host.notify_agent_error(object(), 1, 2, ValueError("x"))
-        host.notify_agent_status(object(), "idle")
+        host.agent_error(object(), 1, 2, ValueError("x"))
+        host.agent_status(object(), "idle")
     assert calls == ["c:error", "b:error", "a:error", "c:idle", "b:idle", "a:idle"]
     assert [r.getMessage() for r in caplog.records] == [
         "agent/error listener threw: boom from b",
@@ -452,7 +452,7 @@ def test_session_event_listener_returning_a_coroutine_is_closed_and_logged(
     host.register(AsyncEventListener(), name="async-listener")
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.ERROR):
         warnings.simplefilter("always")
-        host.emit_session_event(FakeSession(), object())  # type: ignore[arg-type]
+        host.session_event(FakeSession(), object())  # type: ignore[arg-type]
         gc.collect()
     assert [w for w in caught if "never awaited" in str(w.message)] == []
     assert len(caplog.records) == 1
@@ -469,7 +469,7 @@ def test_session_created_failure_propagates() -> None:
     host = Host()
     host.register(VetoingCreation())
     with pytest.raises(PermissionError, match="vetoed"):
-        host.emit_session_created(FakeSession())  # type: ignore[arg-type]
+        host.session_created(FakeSession())  # type: ignore[arg-type]
 
 
 class FlushListener:
@@ -516,7 +516,7 @@ async def test_flush_awaitables_are_in_registration_order() -> None:
     host.register(FlushListener(log, "p4", mode="sync-fail"))
     host.register(TryLastFlushListener(log, "p5", mode="async-fail"))  # pluggy would call it last
     host.register(FlushListener(log, "p6"))
-    awaitables = host.flush_awaitables(FakeSession())  # type: ignore[arg-type]
+    awaitables = host.session_flush(FakeSession())  # type: ignore[arg-type]
     assert log == ["p3:none"]  # only the synchronous parts ran
     assert len(awaitables) == 6
     outcomes: list[object] = []
@@ -530,7 +530,7 @@ async def test_flush_awaitables_are_in_registration_order() -> None:
 
 
 def test_flush_awaitables_without_listeners_is_empty() -> None:
-    assert Host().flush_awaitables(FakeSession()) == []  # type: ignore[arg-type]
+    assert Host().session_flush(FakeSession()) == []  # type: ignore[arg-type]
 
 
 class BadFlushListener:
@@ -543,7 +543,7 @@ class BadFlushListener:
 async def test_flush_listener_returning_a_non_awaitable_fails_in_its_slot() -> None:
     host = Host()
     host.register(BadFlushListener(), name="bad-flush")
-    (awaitable,) = host.flush_awaitables(FakeSession())  # type: ignore[arg-type]
+    (awaitable,) = host.session_flush(FakeSession())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="session_flush of plugin 'bad-flush' returned int"):
         await awaitable
 
@@ -706,7 +706,7 @@ def test_every_hook_call_passes_the_host() -> None:
     plugin = HostAware()
     host.register(ToolTerminal([]))
     host.register(plugin)
-    host.emit_session_event(FakeSession(), object())  # type: ignore[arg-type]
+    host.session_event(FakeSession(), object())  # type: ignore[arg-type]
     host.dsh_session_backends()
     host.tools_execute(execution()).close()  # type: ignore[attr-defined]
     assert plugin.seen == [("event", host), ("backends", host), ("tools", host)]

@@ -31,6 +31,7 @@ import itertools
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -98,19 +99,34 @@ class _Settled:
         yield from ()
 
 
-class Host(pluggy.PluginManager):
-    """The plugin manager of a dsh sessions process (``project_name == "dsh.session"``).
+@dataclass(frozen=True, slots=True)
+class PluginDistribution:
+    """The installed distribution an entry-point plugin came from."""
 
-    Construct it, register plugins (or :meth:`load_entrypoints`), then talk to the hooks only through
-    the typed methods below.
+    project_name: str
+    version: str
+
+
+class Host:
+    """The plugin host of a dsh sessions process: a façade over one ``pluggy.PluginManager`` (project
+    ``"dsh.session"``) that validates every registration and offers one typed method per hook.
+
+    Construct it, register plugins (or :meth:`load_entrypoints`), then talk to the hooks only through the typed
+    methods below. :attr:`plugin_manager` is the wrapped manager, for introspection (hook callers, tracing).
     """
 
     def __init__(self) -> None:
-        super().__init__(PROJECT_NAME)
+        self._pm = pluggy.PluginManager(PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
         self._registration_counter = itertools.count()
         self._registration_index: dict[str, int] = {}
         self._sessions: SessionStore | None = None
-        self.add_hookspecs(hookspecs)
+        self._distributions: list[tuple[object, PluginDistribution]] = []
+
+    @property
+    def plugin_manager(self) -> pluggy.PluginManager:
+        """The wrapped pluggy manager: for introspection only; hooks are called through the Host's methods."""
+        return self._pm
 
     # ---------------------------------------------------------------------------------------------
     # Registration
@@ -122,19 +138,55 @@ class Host(pluggy.PluginManager):
         one fails here. On a violation the plugin is unregistered again (the registry is left as it was) and
         ``pluggy.PluginValidationError`` is raised.
         """
-        plugin_name = super().register(plugin, name)
+        plugin_name = self._pm.register(plugin, name)
         if plugin_name is None:
             return None
         try:
             self._check_registration(plugin, plugin_name)
         except BaseException:
-            self.unregister(plugin)
+            self._pm.unregister(plugin)
             raise
         self._registration_index[plugin_name] = next(self._registration_counter)
         return plugin_name
 
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any | None:
+        """Unregister a plugin (by object or by name) and all its hook implementations; returns the plugin."""
+        return self._pm.unregister(plugin, name)
+
+    def is_registered(self, plugin: object) -> bool:
+        """Whether ``plugin`` is registered."""
+        return self._pm.is_registered(plugin)
+
+    def has_plugin(self, name: str) -> bool:
+        """Whether a plugin is registered under ``name``."""
+        return self._pm.has_plugin(name)
+
+    def get_plugin(self, name: str) -> Any | None:
+        """The plugin registered under ``name``, or ``None``."""
+        return self._pm.get_plugin(name)
+
+    def get_plugins(self) -> set[Any]:
+        """Every registered plugin."""
+        return self._pm.get_plugins()
+
+    def list_name_plugin(self) -> list[tuple[str, Any]]:
+        """``(name, plugin)`` of every registered plugin."""
+        return self._pm.list_name_plugin()
+
+    def list_plugin_distinfo(self) -> list[tuple[Any, PluginDistribution]]:
+        """``(plugin, distribution)`` of every plugin :meth:`load_entrypoints` loaded and that is still registered."""
+        return [(plugin, dist) for plugin, dist in self._distributions if self._pm.is_registered(plugin)]
+
+    def get_hookcallers(self, plugin: object) -> list[pluggy.HookCaller] | None:
+        """The hook callers ``plugin`` implements, or ``None`` if it is not registered."""
+        return self._pm.get_hookcallers(plugin)
+
+    def check_pending(self) -> None:
+        """Fail on any registered implementation of an unknown hook that is not marked ``optionalhook``."""
+        self._pm.check_pending()
+
     def _check_registration(self, plugin: object, plugin_name: str) -> None:
-        for caller in self.get_hookcallers(plugin) or ():
+        for caller in self._pm.get_hookcallers(plugin) or ():
             impls = caller.get_hookimpls()
             mine = [impl for impl in impls if impl.plugin is plugin]
             where = f"plugin {plugin_name!r}, hook {caller.name!r}"
@@ -186,15 +238,25 @@ class Host(pluggy.PluginManager):
         implementation again (``check_pending``). Returns how many plugins were loaded by this call.
         """
         self._refuse_duplicate_entry_points()
-        count = self.load_setuptools_entrypoints(PROJECT_NAME)
-        self.check_pending()
+        count = 0
+        for dist in importlib.metadata.distributions():
+            for entry_point in dist.entry_points:
+                name = entry_point.name
+                if entry_point.group != PROJECT_NAME or self._pm.get_plugin(name) or self._pm.is_blocked(name):
+                    continue
+                plugin = entry_point.load()
+                # Our register, not pluggy's loader: every entry-point plugin is validated like any other.
+                self.register(plugin, name=name)
+                self._distributions.append((plugin, PluginDistribution(str(dist.metadata["name"]), dist.version)))
+                count += 1
+        self._pm.check_pending()
         return count
 
     def _refuse_duplicate_entry_points(self) -> None:
         seen: dict[str, tuple[str, str]] = {}
         for dist in importlib.metadata.distributions():
             for entry_point in dist.entry_points:
-                if entry_point.group != PROJECT_NAME or self.is_blocked(entry_point.name):
+                if entry_point.group != PROJECT_NAME or self._pm.is_blocked(entry_point.name):
                     continue
                 where = (str(dist.metadata["name"]), entry_point.value)
                 first = seen.setdefault(entry_point.name, where)
@@ -205,7 +267,7 @@ class Host(pluggy.PluginManager):
                         f"two {PROJECT_NAME!r} entry points are named {entry_point.name!r}: {first[1]} "
                         f"(distribution {first[0]}) and {where[1]} (distribution {where[0]}); rename one",
                     )
-                registered = self.get_plugin(entry_point.name)
+                registered = self._pm.get_plugin(entry_point.name)
                 if registered is not None and registered is not entry_point.load():
                     raise pluggy.PluginValidationError(
                         registered,
@@ -237,7 +299,7 @@ class Host(pluggy.PluginManager):
 
     def session_created(self, session: Session) -> None:
         """Call ``session_created``; the first raising implementation's exception propagates (veto)."""
-        self.hook.session_created(host=self, session=session)
+        self._pm.hook.session_created(host=self, session=session)
 
     def session_event(self, session: Session, event: SessionEvent) -> None:
         """Call every ``session_event`` implementation, each isolated (see the hookspec)."""
@@ -264,7 +326,7 @@ class Host(pluggy.PluginManager):
         Nothing has been awaited yet: the caller runs them (concurrently) and must await every one.
         """
         impls = sorted(
-            self.hook.session_flush.get_hookimpls(),
+            self._pm.hook.session_flush.get_hookimpls(),
             key=lambda impl: self._registration_index.get(impl.plugin_name, sys.maxsize),
         )
         awaitables: list[Awaitable[object]] = []
@@ -291,14 +353,14 @@ class Host(pluggy.PluginManager):
 
     def has_session_flush(self) -> bool:
         """Whether any plugin implements ``session_flush`` (without one, a flush persists nothing)."""
-        return bool(self.hook.session_flush.get_hookimpls())
+        return bool(self._pm.hook.session_flush.get_hookimpls())
 
     # ---------------------------------------------------------------------------------------------
     # Agent boundaries
 
     def llm_stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk]:
         """Build the (unstarted) ``llm_stream`` chain for ``request``; nothing runs until iterated."""
-        result = self.hook.llm_stream(host=self, request=request)
+        result = self._pm.hook.llm_stream(host=self, request=request)
         if result is None:
             raise RuntimeError('hook "llm_stream" has no terminal implementation (the LLM runtime registers it)')
         if not isinstance(result, AsyncIterator):
@@ -308,12 +370,12 @@ class Host(pluggy.PluginManager):
 
     def tools_execute(self, execution: ToolExecution) -> Awaitable[ToolExecutionResult]:
         """Build the (unstarted) ``tools_execute`` chain; nothing runs until awaited."""
-        return self._awaitable_boundary("tools_execute", self.hook.tools_execute(host=self, execution=execution))
+        return self._awaitable_boundary("tools_execute", self._pm.hook.tools_execute(host=self, execution=execution))
 
     def agent_pre_step(self, agent: Agent, pre_step: PreStepInput) -> Awaitable[PreStepDecision]:
         """Build the (unstarted) ``agent_pre_step`` chain; nothing runs until awaited."""
         return self._awaitable_boundary(
-            "agent_pre_step", self.hook.agent_pre_step(host=self, agent=agent, pre_step=pre_step)
+            "agent_pre_step", self._pm.hook.agent_pre_step(host=self, agent=agent, pre_step=pre_step)
         )
 
     @staticmethod
@@ -335,7 +397,7 @@ class Host(pluggy.PluginManager):
         """
         found: dict[str, type[object]] = {}
         # pluggy returns results last-registered-first; reverse for a stable, registration-ordered view.
-        for provided in reversed(self.hook.dsh_session_backends(host=self)):
+        for provided in reversed(self._pm.hook.dsh_session_backends(host=self)):
             for cls in provided:
                 name = getattr(cls, "NAME", None)
                 if not isinstance(cls, type) or not isinstance(name, str) or not name:
@@ -356,7 +418,7 @@ class Host(pluggy.PluginManager):
         validates, so one broken plugin does not hide the others.
         """
         out: dict[str, list[type[object]] | Exception] = {}
-        for impl in reversed(self.hook.dsh_session_backends.get_hookimpls()):
+        for impl in reversed(self._pm.hook.dsh_session_backends.get_hookimpls()):
             try:
                 provided = _invoke(impl, {"host": self})
                 out[impl.plugin_name] = list(provided)  # type: ignore[call-overload]
@@ -377,7 +439,7 @@ class Host(pluggy.PluginManager):
     # ---------------------------------------------------------------------------------------------
 
     def _call_isolated(self, hook_name: str, kwargs: Mapping[str, object], what: str | Callable[[], str]) -> None:
-        caller: pluggy.HookCaller = getattr(self.hook, hook_name)
+        caller: pluggy.HookCaller = getattr(self._pm.hook, hook_name)
         # get_hookimpls() is in reverse call order; walk it backwards to keep pluggy's call order
         # (last registered first, tryfirst/trylast honoured), as ``pm.hook.<name>()`` would.
         for impl in reversed(caller.get_hookimpls()):
@@ -403,11 +465,3 @@ class Host(pluggy.PluginManager):
                     impl.plugin_name,
                 )
 
-    # The 0.1 method names, kept while callers move to the hook names.
-    emit_session_created = session_created
-    emit_session_event = session_event
-    emit_session_disposed = session_disposed
-    flush_awaitables = session_flush
-    backends = dsh_session_backends
-    notify_agent_error = agent_error
-    notify_agent_status = agent_status

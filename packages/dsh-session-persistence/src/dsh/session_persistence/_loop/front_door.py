@@ -61,7 +61,7 @@ def default_sessions_root() -> Path:
 
 
 def _backend_class(host: Host, name: str | None) -> type[Any]:
-    found = host.backends()
+    found = host.dsh_session_backends()
     if name is None:
         if DEFAULT_BACKEND in found:
             return found[DEFAULT_BACKEND]
