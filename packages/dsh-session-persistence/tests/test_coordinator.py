@@ -191,7 +191,7 @@ async def test_54_read_raw_unsupported_and_cancellation() -> None:
 
 
 async def test_memory_plugin_is_discoverable() -> None:
-    from dsh.session_persistence import _memory_plugin
+    from dsh.session_persistence._backends import memory_plugin as _memory_plugin
 
     host = Host()
     host.register(_memory_plugin)

@@ -50,6 +50,10 @@ class Sink:
         self.failures: dict[int, BaseException] = {}
         self.started = anyio.Event()
         self.wrote = anyio.Event()
+        self.reports: list[BaseException] = []
+
+    def background_failed(self, error: BaseException) -> None:
+        self.reports.append(error)
 
     def gate(self, attempt: int) -> anyio.Event:
         gate = self.gates[attempt] = anyio.Event()
@@ -59,7 +63,7 @@ class Sink:
         for gate in self.gates.values():
             gate.set()
 
-    async def write(self, batch: list[Event]) -> None:
+    async def write_batch(self, batch: list[Event]) -> None:
         attempt = len(self.calls)
         self.calls.append(list(batch))
         self.started.set()
@@ -78,11 +82,10 @@ class Harness:
         self.tg = tg
         self.clock = ManualScheduler()
         self.sink = Sink()
-        self.reports: list[BaseException] = []
+        self.reports = self.sink.reports
         kwargs: dict[str, Any] = {} if copy_fn is None else {"copy": copy_fn}
         self.ctl: WriteBehindController[Event] = WriteBehindController(
-            write=self.sink.write,
-            report_background_failure=self.reports.append,
+            sink=self.sink,
             scheduler=self.clock,
             spawn=tg.start_soon,
             max_delay_ms=max_delay_ms,
@@ -450,7 +453,7 @@ async def test_drain_cancelled_by_owner_releases_waiters_and_keeps_events() -> N
         clock = ManualScheduler()
         sink = Sink()
         gate = sink.gate(0)
-        reports: list[BaseException] = []
+        reports = sink.reports
         try:
             async with anyio.create_task_group() as outer:
                 owner_scope = anyio.CancelScope()
@@ -463,8 +466,7 @@ async def test_drain_cancelled_by_owner_releases_waiters_and_keeps_events() -> N
 
                 owner_tg = await outer.start(owner)
                 ctl: WriteBehindController[Event] = WriteBehindController(
-                    write=sink.write,
-                    report_background_failure=reports.append,
+                    sink=sink,
                     scheduler=clock,
                     spawn=owner_tg.start_soon,
                 )
@@ -485,8 +487,7 @@ async def test_drain_cancelled_by_owner_releases_waiters_and_keeps_events() -> N
 def test_max_delay_validation() -> None:
     def make(value: object) -> None:
         WriteBehindController[Event](
-            write=Sink().write,
-            report_background_failure=lambda exc: None,
+            sink=Sink(),
             scheduler=ManualScheduler(),
             spawn=lambda fn: None,
             max_delay_ms=value,  # type: ignore[arg-type]
@@ -548,12 +549,11 @@ def test_manual_scheduler_fires_in_deadline_then_arming_order() -> None:
 
 async def test_production_scheduler_background_write_without_flush() -> None:
     sink = Sink()
-    reports: list[BaseException] = []
+    reports = sink.reports
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             ctl: WriteBehindController[Event] = WriteBehindController(
-                write=sink.write,
-                report_background_failure=reports.append,
+                sink=sink,
                 scheduler=TaskGroupScheduler(tg.start_soon),
                 spawn=tg.start_soon,
                 max_delay_ms=20,
@@ -605,7 +605,7 @@ async def test_property_every_event_written_once_in_order(ops: list[tuple[str, i
         enqueued: list[int] = []
         fail_budget = 0
         block_next = False
-        original_write = h.sink.write
+        original_write = h.sink.write_batch
 
         async def write(batch: list[Event]) -> None:
             nonlocal fail_budget, block_next
@@ -618,7 +618,7 @@ async def test_property_every_event_written_once_in_order(ops: list[tuple[str, i
                 h.sink.failures[attempt] = Boom(f"attempt {attempt}")
             await original_write(batch)
 
-        h.ctl._write = write
+        h.sink.write_batch = write  # type: ignore[method-assign]
         flushes: list[FlushCall] = []
         for op, arg in ops:
             if op == "enqueue":

@@ -75,6 +75,32 @@ def _check_identity(session_id: str, storage: StorageMetadata, header: SessionHe
         )
 
 
+class LiveSink:
+    """Where a live Session's write-behind batches go: after its initialization, one durable append in the id's
+    FIFO (:meth:`LivePath.write_live`); a failed background write is logged, its events stay buffered."""
+
+    __slots__ = ("init", "path", "session")
+
+    def __init__(self, path: LivePath, session: Session, init: Outcome) -> None:
+        self.path = path
+        self.session = session
+        self.init = init
+
+    async def write_batch(self, batch: builtins.list[SessionEvent]) -> None:
+        if not self.init.settled():
+            await self.init.wait()
+        session = self.session
+        await self.path.core.chains.run(session.id, lambda: self.path.write_live(session, batch))
+
+    def background_failed(self, error: BaseException) -> None:
+        _logger.warning(
+            '%s: background write for session "%s" failed (buffered events retained): %s',
+            self.path.core.name,
+            self.session.id,
+            error,
+        )
+
+
 class LivePath:
     """The live Sessions of one coordinator and what persists them."""
 
@@ -107,27 +133,14 @@ class LivePath:
         assert self.scheduler is not None
         session_id = session.id
 
-        async def write(batch: builtins.list[SessionEvent]) -> None:
-            if not live_entry.init.settled():
-                await live_entry.init.wait()
-            await core.chains.run(session_id, lambda: self.write_live(session, batch))
-
-        def report(error: BaseException) -> None:
-            _logger.warning(
-                '%s: background write for session "%s" failed (buffered events retained): %s',
-                core.name,
-                session_id,
-                error,
-            )
-
+        init = Outcome()
         controller: WriteBehindController[SessionEvent] = WriteBehindController(
-            write=write,
-            report_background_failure=report,
+            sink=LiveSink(self, session, init),
             scheduler=self.scheduler,
             spawn=self.spawn,
             max_delay_ms=self.delay_ms,
         )
-        live_entry = Live(init=Outcome(), writes=controller)
+        live_entry = Live(init=init, writes=controller)
         self.live[session] = live_entry
         # The seed is what the Session holds now; later events reach the controller through session_event.
         seed = session.events

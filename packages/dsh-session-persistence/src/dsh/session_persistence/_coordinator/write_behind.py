@@ -14,8 +14,8 @@ Background writes and the barrier drain run as tasks spawned into a task group o
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 
@@ -80,12 +80,20 @@ class _Barrier:
             raise self.error
 
 
+class BatchSink(Protocol[E]):
+    """Where a controller's batches go: the durable write, and who hears of a failed background write."""
+
+    async def write_batch(self, batch: list[E]) -> None: ...
+
+    def background_failed(self, error: BaseException) -> None: ...
+
+
 class WriteBehindController(Generic[E]):
     """Batches one live session's events into durable writes (spec coordinator §3.2).
 
-    :param write: durable sink; awaited with the whole batch (a fresh list, ordered by enqueue).
-    :param report_background_failure: called exactly once per failed *background* write (never for a
-        barrier write, whose error goes to the flush callers instead).
+    :param sink: where batches go (a :class:`BatchSink`): ``write_batch`` is awaited with the whole batch (a
+        fresh list, ordered by enqueue); ``background_failed`` is called exactly once per failed *background*
+        write (never for a barrier write, whose error goes to the flush callers instead).
     :param scheduler: clock and timers (:class:`~._scheduling.TaskGroupScheduler` in production,
         :class:`~._scheduling.ManualScheduler` in tests).
     :param spawn: starts a background task in a task group the caller owns (``tg.start_soon``).
@@ -97,8 +105,7 @@ class WriteBehindController(Generic[E]):
     def __init__(
         self,
         *,
-        write: Callable[[list[E]], Awaitable[None]],
-        report_background_failure: Callable[[BaseException], None],
+        sink: BatchSink[E],
         scheduler: Scheduler,
         spawn: Spawn,
         max_delay_ms: int = DEFAULT_MAX_DELAY_MS,
@@ -106,8 +113,7 @@ class WriteBehindController(Generic[E]):
     ) -> None:
         if type(max_delay_ms) is not int or not 1 <= max_delay_ms <= MAX_DELAY_MS_LIMIT:
             raise TypeError(f"max_delay_ms must be an integer between 1 and {MAX_DELAY_MS_LIMIT}")
-        self._write = write
-        self._report = report_background_failure
+        self._sink = sink
         self._scheduler = scheduler
         self._spawn = spawn
         self._max_delay_ms = max_delay_ms
@@ -260,7 +266,7 @@ class WriteBehindController(Generic[E]):
 
     async def _run_background(self, write: _Write[E]) -> None:
         try:
-            await self._write(write.batch)
+            await self._sink.write_batch(write.batch)
         except Exception as exc:
             self._active = None
             self._fail(write)
@@ -283,7 +289,7 @@ class WriteBehindController(Generic[E]):
 
     def _report_failure(self, exc: Exception) -> None:
         try:
-            self._report(exc)
+            self._sink.background_failed(exc)
         except Exception:
             # The reporter is a logging hook; if it breaks, do not take the owner's task group down.
             _logger.exception("write-behind failure reporter raised while reporting %r", exc)
@@ -305,7 +311,7 @@ class WriteBehindController(Generic[E]):
                     return
                 write = self._take_batch()
                 try:
-                    await self._write(write.batch)
+                    await self._sink.write_batch(write.batch)
                 except Exception as exc:
                     self._active = None
                     self._fail(write)

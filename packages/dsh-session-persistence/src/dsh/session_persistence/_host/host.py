@@ -464,4 +464,3 @@ class Host:
                     what,
                     impl.plugin_name,
                 )
-
