@@ -16,7 +16,6 @@ from typing import ClassVar, TypeVar
 from dsh.session_persistence.backend import (
     ListQuery,
     SalvagedLog,
-    SeqMismatchError,
     SessionEvent,
     SessionHeader,
     SessionListing,
@@ -25,6 +24,7 @@ from dsh.session_persistence.backend import (
     SessionStorageError,
     StorageMetadata,
     StoredArtifact,
+    check_contiguous,
 )
 
 from ._backend_core import SessionLogExistsError, _checkpoint, _cwd_of, _exists_error
@@ -49,7 +49,6 @@ from ._lease import JsonlWriterLease, acquire_lease
 from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._scan import TornTail
-from ._seq_guard import check_continues
 from ._upgrade import declared_log
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
@@ -82,7 +81,7 @@ class JsonlBackend(JsonlReads):
 
     def _materialize_sync(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         header = storage.meta
-        check_continues(header.id, 0, events)
+        check_contiguous(header.id, 0, events)
         # Encode everything before touching the disk: an encoding error must leave no trace.
         data = self._encode_header(storage) + (self._encode_batch(events) if events else b"")
         self._ensure_preflight()
@@ -148,10 +147,7 @@ class JsonlBackend(JsonlReads):
             )
         else:
             committed = log.events
-        if batch and batch[0].seq != len(committed):
-            raise SeqMismatchError(
-                f'append seq mismatch for "{storage.meta.id}": expected {len(committed)} at index 0, got {batch[0].seq}'
-            )
+        check_contiguous(storage.meta.id, len(committed), batch)
         stored = StorageMetadata(log.header, log.inherited_event_count)
         content = declared_log(stored, committed, batch, self.compression, self.pack_chunks, self.max_batch_bytes, path)
         replace_durable(path, content, expected_revision=revision)
@@ -176,7 +172,7 @@ class JsonlBackend(JsonlReads):
         def work() -> None:
             if self._is_declared_file(path, storage.meta):
                 next_seq, st = self._next_seq_sync(path, storage.meta.id)
-                check_continues(storage.meta.id, next_seq, batch)
+                check_contiguous(storage.meta.id, next_seq, batch)
                 data = self._encode_batch(batch)
                 self._next_seqs.forget(path)
                 appender = self._appenders.get(path)
@@ -215,7 +211,7 @@ class JsonlBackend(JsonlReads):
             if batch:
                 # Closers computed from a stale read must not land after another writer's batch.
                 next_seq, _ = self._next_seq_sync(path, storage.meta.id)
-                check_continues(storage.meta.id, next_seq, batch)
+                check_contiguous(storage.meta.id, next_seq, batch)
                 append_durable(path, self._encode_batch(batch))
 
         await self._run_shielded(work, "repairing the session log")

@@ -1,37 +1,25 @@
-"""The append-side seq check: a batch appended straight to the backend must continue the stored log.
+"""What the append-side seq check needs to know cheaply: the next seq of each transcript this backend saw.
 
 The coordinator keeps its own cursor, but a backend is also called by tools and other writers; a batch at the
 wrong seq must be refused as :class:`SeqMismatchError` before anything is written, never appended (a duplicate
 or a gap would make the whole log unreadable). Decoding the file on every append would be far too slow, so
 the backend remembers, per transcript, the next seq together with the file identity and size it saw after
 its own reads and writes; when the file is unchanged the check costs one ``stat``, otherwise the caller decodes
-the file once.
+the file once. The rule itself is the backend face's one :func:`check_contiguous`.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
 
-from dsh.session_persistence.backend import SeqMismatchError, SessionEvent
-
-__all__ = ["NextSeqCache", "check_continues"]
+__all__ = ["NextSeqCache"]
 
 _Key = tuple[int, int, int]
 
 
 def _key(st: os.stat_result) -> _Key:
     return (st.st_dev, st.st_ino, st.st_size)
-
-
-def check_continues(session_id: str, next_seq: int, events: Sequence[SessionEvent]) -> None:
-    """Refuse ``events`` unless they are ``next_seq, next_seq + 1, ...``."""
-    for index, event in enumerate(events):
-        if event.seq != next_seq + index:
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {next_seq + index} at index {index}, got {event.seq}'
-            )
 
 
 class NextSeqCache:

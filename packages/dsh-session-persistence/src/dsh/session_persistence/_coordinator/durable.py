@@ -13,12 +13,12 @@ import anyio
 from .._backends.protocol import StorageMetadata
 from .._model.errors import (
     IncompleteInheritedPrefixError,
-    SeqMismatchError,
     SessionPersistenceError,
     SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
 from .._model.events import SessionEvent
+from .._wire.contiguity import check_contiguous
 from .._wire.stored_log import same_events
 from .in_doubt import Verdict, is_refusal, settle, storage_error
 from .state import CoordinatorCore, PendingWrite, SessionState
@@ -95,11 +95,7 @@ async def append(core: CoordinatorCore, session_id: str, state: SessionState, ba
     settled = state.settled
     if settled and batch and batch[0].seq == cursor - len(settled) and same_events(batch, settled):
         return
-    for index, event in enumerate(batch):
-        if event.seq != cursor + index:
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {cursor + index} at index {index}, got {event.seq}'
-            )
+    check_contiguous(session_id, cursor, batch)
     if not state.materialized and cursor + len(batch) < state.storage.inherited_event_count:
         raise IncompleteInheritedPrefixError(
             f'session "{session_id}" cannot materialize before its inherited prefix is complete'
