@@ -1,16 +1,13 @@
 """The persistence coordinator: the ``SessionPersistence`` service over a small backend.
 
 A backend implements durable primitives only; the coordinator owns what every backend would otherwise get
-wrong. It is built from parts, each a module readable on its own:
-
-* :mod:`._fifo`: the per-id FIFO chain (one storage operation per id at a time, in call order);
-* :mod:`._cold_path`: cold reads, crash repair with a revision check, the storage-only suffix read;
-* :mod:`._live_path`: live Sessions: initialization (claim, adoption, new), write-behind writes, the flush;
-* :mod:`._retirement`: disposal of live Sessions and the quiescent teardown;
-* :mod:`._durable` and :mod:`._in_doubt`: every mutating primitive, shielded, under the writer lease
-  (:mod:`._lease_table`), with a failed write settled by reading the stored state back;
-* :mod:`._stored_log`: the one validation of a stored log that every reader uses;
-* :mod:`._capabilities`: the backend's optional primitives, resolved once here.
+wrong. It is a façade over parts of this wing, each written against the one core object (:mod:`.state`):
+:mod:`.fifo` (one storage operation per id at a time, in call order), :mod:`.cold_path` (cold reads, crash repair
+with a revision check), :mod:`.live_path` (live Sessions: initialization, the write-behind window of
+:mod:`.write_behind`, the flush), :mod:`.retirement` (disposal and the quiescent teardown), :mod:`.durable` and
+:mod:`.in_doubt` (every mutating primitive, shielded, under the writer lease of :mod:`.leases`, a failed write
+settled by reading back), :mod:`.lifecycle` (listing, deletion, retention, compaction), :mod:`.hooks` (the host
+plugin) and :mod:`.inputs` (caller input, checked and snapshotted).
 
 It plugs into the :class:`~dsh.session_persistence.Host` through the four session lifecycle hooks, which it
 registers when it starts (``async with PersistenceCoordinator(host, backend) as persistence:``) and unregisters
@@ -26,20 +23,19 @@ import builtins
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
-import msgspec
 from anyio.abc import TaskGroup
 
 from .._backends.listing import SessionPage
-from .._backends.protocol import RawArtifact, SessionBackend, SessionLocation, SessionSnapshot, StorageMetadata
-from .._host.host import Host, hookimpl
+from .._backends.protocol import RawArtifact, SessionBackend, SessionLocation, SessionSnapshot
+from .._host.host import Host
 from .._host.session import Session
 from .._model.errors import (
     SessionAlreadyExistsError,
@@ -47,13 +43,14 @@ from .._model.errors import (
     UnsupportedOperationError,
 )
 from .._model.events import SessionEvent
-from .._model.header import SessionHeader, check_header_cwd, header_to_builtins
-from .._model.jsonvalue import NotLosslessJsonError, is_safe_int, snapshot_json
+from .._model.header import SessionHeader
+from .._model.jsonvalue import is_safe_int
 from .._model.views import SessionEventSuffix, SessionInspection
-from .._wire.codec import decode_event, event_to_builtins
 from . import lifecycle as _lifecycle
 from .cold_path import cold_commit, iter_from, prepare, read_from
 from .durable import append, materialize, rewrite
+from .hooks import SessionHooks
+from .inputs import check_create_meta, check_offset, snapshot_batch
 from .live_path import LivePath, live_view
 from .retirement import Retirement
 from .scheduling import Scheduler, TaskGroupScheduler
@@ -66,55 +63,6 @@ if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
 __all__ = ["PersistenceCoordinator"]
 
 _logger = logging.getLogger("dsh.session_persistence")
-
-_LOSSY_BATCH = "session event batch is not losslessly JSON-serializable because it contains non-JSON-serializable data"
-
-
-class _Hooks:
-    """The host plugin: the coordinator's session lifecycle hook implementations."""
-
-    def __init__(self, owner: PersistenceCoordinator) -> None:
-        self._owner = owner
-
-    @hookimpl
-    def session_created(self, session: Session) -> None:
-        self._owner._livepath.on_created(session)
-
-    @hookimpl
-    def session_event(self, session: Session, event: SessionEvent) -> None:
-        self._owner._livepath.ensure_live(session).writes.enqueue(event)
-
-    @hookimpl
-    def session_flush(self, session: Session) -> Awaitable[None]:
-        return self._owner._livepath.flush(session)
-
-    @hookimpl
-    def session_disposed(self, session: Session) -> None:
-        self._owner._retirement.on_disposed(session)
-
-
-def _check_offset(value: object) -> int:
-    if not is_safe_int(value) or value < 0:  # type: ignore[operator]
-        raise TypeError(f"SessionLogOffset must be a non-negative safe integer, got {value!r}")
-    return value  # type: ignore[return-value]
-
-
-def _snapshot_batch(events: Sequence[SessionEvent | Mapping[str, Any]]) -> builtins.list[SessionEvent]:
-    """Copy the batch through the lossless JSON boundary now, so later caller mutations are invisible."""
-    plain: builtins.list[object] = []
-    try:
-        for event in list(events):
-            if isinstance(event, Mapping):
-                plain.append(snapshot_json(dict(event), "session event"))
-            else:
-                data = getattr(event, "data", None)
-                if type(data) in (dict, list):
-                    # Opaque payloads are plain containers: check them before msgspec would coerce them.
-                    snapshot_json(data, f'session event "{event.type}"')
-                plain.append(snapshot_json(event_to_builtins(event), f'session event "{event.type}"'))
-    except (NotLosslessJsonError, TypeError) as exc:
-        raise TypeError(f"{_LOSSY_BATCH}: {exc}") from exc
-    return [decode_event(obj) for obj in plain]
 
 
 class PersistenceCoordinator:
@@ -153,7 +101,7 @@ class PersistenceCoordinator:
         self._livepath = LivePath(core, self._spawn, write_batch_max_delay_ms)
         self._livepath.scheduler = scheduler
         self._retirement = Retirement(core, self._livepath, self._spawn)
-        self._hooks = _Hooks(self)
+        self._hooks = SessionHooks(self, core, self._livepath, self._retirement)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
         # The bookkeeping maps (tests assert they drain to empty).
@@ -292,30 +240,8 @@ class PersistenceCoordinator:
     async def create(self, meta: SessionHeader | Mapping[str, Any], inherited_event_count: int | None = None) -> None:
         """Register a session lazily: nothing is written until its first append."""
         self._require_open()
-        raw = header_to_builtins(meta) if isinstance(meta, SessionHeader) else meta
-        try:
-            data = snapshot_json(dict(raw) if isinstance(raw, Mapping) else raw, "session metadata")
-        except NotLosslessJsonError as exc:
-            raise TypeError("session metadata must be losslessly JSON-serializable") from exc
-        if not isinstance(data, dict):
-            raise TypeError("session metadata must be a JSON object")
-        created_at = data.get("createdAt")
-        if not is_safe_int(created_at) or created_at < 0:  # type: ignore[operator]
-            raise TypeError("session metadata createdAt must be a non-negative safe integer")
-        seeded = data.get("isSeeded") is True
-        if seeded and inherited_event_count is None:
-            raise TypeError("seeded session metadata requires an inherited event count")
-        cut = 0 if inherited_event_count is None else _check_offset(inherited_event_count)
-        if not seeded and cut != 0:
-            raise TypeError("unseeded session metadata inherited event count must be 0")
-        if "cwd" in data:
-            check_header_cwd(data["cwd"])  # the live path's rule and message (a relative cwd is never listable)
-        try:
-            header = meta if isinstance(meta, SessionHeader) else msgspec.convert(data, SessionHeader)
-        except msgspec.ValidationError as exc:
-            raise TypeError(f"session metadata is not a session header: {exc}") from exc
-        session_id = header.id
-        storage = StorageMetadata(header, cut)
+        storage = check_create_meta(meta, inherited_event_count)
+        session_id = storage.meta.id
         core = self._core
 
         async def run() -> None:
@@ -349,7 +275,7 @@ class PersistenceCoordinator:
     async def append(self, session_id: str, events: Sequence[SessionEvent | Mapping[str, Any]]) -> None:
         """Durably persist one contiguous batch; returns only once the backend made it durable."""
         self._require_open()
-        batch = _snapshot_batch(events)
+        batch = snapshot_batch(events)
         core = self._core
 
         async def run() -> None:
@@ -403,7 +329,7 @@ class PersistenceCoordinator:
     async def read_from(self, session_id: str, from_seq: int) -> SessionEventSuffix:
         """The stored events with ``seq >= from_seq`` (storage only: no closers, no repair, no live events)."""
         self._require_open()
-        offset = _check_offset(from_seq)
+        offset = check_offset(from_seq)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         core = self._core
@@ -419,7 +345,7 @@ class PersistenceCoordinator:
         ``SessionNotFoundError`` when the session is absent.
         """
         self._require_open()
-        offset = _check_offset(from_seq)
+        offset = check_offset(from_seq)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         stream = iter_from(self._core, session_id, offset)
@@ -449,7 +375,7 @@ class PersistenceCoordinator:
         under the writer lease and must still be exactly what this coordinator wrote, or nothing is rewritten.
         """
         self._require_open()
-        _check_offset(length)
+        check_offset(length)
         session_id = session.id
         not_owned = f'session "{session_id}" is not owned by this persistence coordinator'
         if session not in self._live:
@@ -543,9 +469,9 @@ class PersistenceCoordinator:
 def coordinators_of(host: Host) -> builtins.list[PersistenceCoordinator]:
     """The open coordinators registered in ``host`` (in registration order)."""
     return [
-        p._owner
+        cast(PersistenceCoordinator, p.owner)
         for p in host.get_plugins()
-        if isinstance(p, _Hooks) and p._owner._livepath.running and not p._owner._core.closed
+        if isinstance(p, SessionHooks) and p.live.running and not p.core.closed
     ]
 
 

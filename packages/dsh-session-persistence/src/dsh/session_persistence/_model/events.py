@@ -2,7 +2,7 @@
 
 Wire names are camelCase (``callId``, ``sourceEventSeqs``); Python attributes are snake_case. Optional fields
 are ``UNSET`` and left out of the wire form. The codec (decode, encode, the envelope and surface rules) is in
-``_event_codec``.
+``_wire.codec``.
 """
 
 from __future__ import annotations
@@ -14,78 +14,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from .jsonvalue import MAX_SAFE_INTEGER
 
-__all__ = [
-    "AbortCause",
-    "AbortedReason",
-    "AdapterDefaults",
-    "AssistantChunk",
-    "AssistantChunkData",
-    "AssistantMessage",
-    "AssistantMessageData",
-    "BlockEndChunk",
-    "BlockStartChunk",
-    "BlockedReason",
-    "CompletedReason",
-    "ContentBlock",
-    "DisposedAbort",
-    "EVENT_TYPES",
-    "EndSeed",
-    "EndSeedData",
-    "EpochHeader",
-    "ErrorReason",
-    "FinishChunk",
-    "FINISH_KINDS",
-    "FinishReason",
-    "HookAbort",
-    "ImageBlock",
-    "InterruptedReason",
-    "LegacyAbort",
-    "LlmFailure",
-    "MaxTokensReason",
-    "Message",
-    "MessageSource",
-    "ModelSource",
-    "OpaqueEvent",
-    "ParentAbort",
-    "PluginSource",
-    "ReasoningBlock",
-    "ReasoningDeltaChunk",
-    "RequestConfig",
-    "RequestContext",
-    "RequestContextData",
-    "RequestHeader",
-    "RequestHeaderData",
-    "SURFACE_EVENT_TYPES",
-    "SessionEvent",
-    "StepData",
-    "StepEnd",
-    "StepStart",
-    "StreamChunk",
-    "TextBlock",
-    "TextDeltaChunk",
-    "TodoItem",
-    "TodoWrite",
-    "TodoWriteData",
-    "TokenUsage",
-    "ToolCall",
-    "ToolCallBlock",
-    "ToolCallData",
-    "ToolCallDeltaChunk",
-    "ToolErrorInfo",
-    "ToolResult",
-    "ToolResultBlock",
-    "ToolResultData",
-    "ToolSource",
-    "TurnEnd",
-    "TurnEndData",
-    "TurnEndReason",
-    "TurnStart",
-    "TurnStartData",
-    "UsageChunk",
-    "UserAbort",
-    "UserMessage",
-    "UserSource",
-]
+# What is exported is listed once, by the public face dsh.session_persistence.events (and its __all__).
 
 SafeInt = Annotated[int, Meta(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
 Count = Annotated[int, Meta(ge=0, le=MAX_SAFE_INTEGER)]
