@@ -14,15 +14,15 @@ from pathlib import Path
 
 import msgspec
 from dsh.session_persistence.backend import SessionEvent, StorageMetadata, encode_storage_lines
-from dsh.session_persistence_jsonl._batches import BufferSource, encode_declared_batch, walk_declared
-from dsh.session_persistence_jsonl._declarations import (
+from dsh.session_persistence_jsonl._files.layout import transcript_path
+from dsh.session_persistence_jsonl._format.frames import compress_frame
+from dsh.session_persistence_jsonl._format.records import encode_header_line
+from dsh.session_persistence_jsonl._format.v1 import BufferSource, encode_declared_batch, walk_declared
+from dsh.session_persistence_jsonl._format.v1_declarations import (
     ZSTD_DECLARATION_SIZE,
     parse_line_declaration,
     parse_zstd_declaration,
 )
-from dsh.session_persistence_jsonl._frames import compress_frame
-from dsh.session_persistence_jsonl._layout import transcript_path
-from dsh.session_persistence_jsonl._records import encode_header_line
 
 
 def v0_bytes(storage: StorageMetadata, batches: Sequence[Sequence[SessionEvent]], compression: str) -> bytes:

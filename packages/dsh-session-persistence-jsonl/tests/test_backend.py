@@ -30,8 +30,8 @@ from dsh.session_persistence.backend import (
 )
 from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend, SessionLogExistsError, TornTail
-from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame
-from dsh.session_persistence_jsonl._fs import fsync_dir
+from dsh.session_persistence_jsonl._files.fs import fsync_dir
+from dsh.session_persistence_jsonl._format.frames import MAGIC, compress_frame
 
 from ._formats import declared, pairs, rewrite_plaintexts, write_v0
 from ._formats import plaintext as v1_plaintext

@@ -23,8 +23,8 @@ import pytest
 import zstandard
 from dsh.session_persistence.backend import SessionPersistenceCorruptionError, StorageMetadata
 from dsh.session_persistence_jsonl import BatchTooLargeError, JsonlBackend
-from dsh.session_persistence_jsonl._declarations import zstd_declaration
-from dsh.session_persistence_jsonl._frames import scan_frames
+from dsh.session_persistence_jsonl._format.frames import scan_frames
+from dsh.session_persistence_jsonl._format.v1_declarations import zstd_declaration
 
 from ._formats import Pair, pairs, write_v0
 from ._sessions import storage, turn_batches
@@ -264,7 +264,7 @@ async def test_a_crc_valid_batch_whose_events_miss_its_declared_seqs_is_damage(
 ) -> None:
     """A batch whose data verifies but whose events (packed chunk rows included) do not carry exactly the seqs its
     declaration states is damage naming that batch, with the declaration's count unchanged."""
-    from dsh.session_persistence_jsonl._batches import BatchDamage
+    from dsh.session_persistence_jsonl._format.v1 import BatchDamage
 
     backend = JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
     st = storage()

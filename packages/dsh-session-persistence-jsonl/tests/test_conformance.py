@@ -11,7 +11,7 @@ import pytest
 from dsh.session_persistence.backend import SessionBackend
 from dsh.session_persistence.testing import BackendConformance
 from dsh.session_persistence_jsonl import JsonlBackend
-from dsh.session_persistence_jsonl._batches import BufferSource, encode_declared_batch, walk_declared
+from dsh.session_persistence_jsonl._format.v1 import BufferSource, encode_declared_batch, walk_declared
 
 # A batch whose write never finished: what a crash in the middle of an append leaves behind.
 _TORN_LINE = b'{"type":"turn/end","seq":%d,"time":0,"data":{}}\n'

@@ -32,7 +32,7 @@ from dsh.session_persistence.backend import (
 )
 from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend
-from dsh.session_persistence_jsonl._discovery import check_identity
+from dsh.session_persistence_jsonl._files.discovery import check_identity
 
 from ._formats import pairs, write_v0
 from ._sessions import storage, turn_batches
@@ -253,8 +253,8 @@ async def test_v0_flips_in_complete_frames_are_refused(tmp_path: Path) -> None:
 def test_a_compressed_batch_that_would_end_in_zeros_is_stored_raw() -> None:
     """The writer's half of the zero-tail rule: no declared zstd batch ends in a zero byte."""
     import zstandard
-    from dsh.session_persistence_jsonl._batches import encode_declared_batch
-    from dsh.session_persistence_jsonl._frames import compress_frame
+    from dsh.session_persistence_jsonl._format.frames import compress_frame
+    from dsh.session_persistence_jsonl._format.v1 import encode_declared_batch
 
     found = 0
     for n in range(4000):

@@ -17,8 +17,8 @@ from dsh.session_persistence.backend import (
 )
 from dsh.session_persistence.testing import one_turn_log, step_start, turn_start
 from dsh.session_persistence_jsonl import JsonlBackend
-from dsh.session_persistence_jsonl._fs import replace_durable, revision_of
-from dsh.session_persistence_jsonl._records import encode_header_line
+from dsh.session_persistence_jsonl._files.fs import replace_durable, revision_of
+from dsh.session_persistence_jsonl._format.records import encode_header_line
 
 from ._formats import declared, pairs, plaintext, rewrite_plaintexts, v0_bytes, write_v0
 from ._sessions import Builder, storage, turn_batches
@@ -115,7 +115,7 @@ async def test_each_layout_must_carry_its_own_version(tmp_path: Path, compressio
     if compression == "none":
         path.write_bytes(data.replace(v0_header, v1_header))
     else:
-        from dsh.session_persistence_jsonl._frames import compress_frame, scan_frames
+        from dsh.session_persistence_jsonl._format.frames import compress_frame, scan_frames
 
         first = scan_frames(data, max_frames=1).frames[0][1]
         path.write_bytes(compress_frame(v1_header) + data[first:])

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from dsh.session_persistence.backend import encode_event, encode_storage_lines
-from dsh.session_persistence_jsonl._scan import CommittedDamage, LineScanner
+from dsh.session_persistence_jsonl._format.v0 import CommittedDamage, LineScanner
 
 from ._sessions import turn_batches
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import zstandard
-from dsh.session_persistence_jsonl._frames import (
+from dsh.session_persistence_jsonl._format.frames import (
     MAGIC,
     FrameError,
     compress_frame,

@@ -9,7 +9,7 @@ import re
 import pytest
 from dsh.session_persistence.backend import SessionStorageError
 from dsh.session_persistence_jsonl import JsonlBackend
-from dsh.session_persistence_jsonl._layout import decode_segment, encode_segment, project_key
+from dsh.session_persistence_jsonl._files.layout import decode_segment, encode_segment, project_key
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -18,7 +18,7 @@ import pytest
 from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
 from dsh.session_persistence.backend import SessionHeader, SessionStorageError
 from dsh.session_persistence_jsonl import JsonlBackend
-from dsh.session_persistence_jsonl._layout import MAX_SEGMENT, encode_segment, session_segment
+from dsh.session_persistence_jsonl._files.layout import MAX_SEGMENT, encode_segment, session_segment
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -196,7 +196,7 @@ def test_storage_error_keeps_errno_path_and_cause(tmp_path: Path) -> None:
 
 def test_no_open_in_the_layout_follows_a_symlink(tmp_path: Path) -> None:
     """Descriptor-level guard (behind the lstat checks): reads, appends and truncation refuse a symlink."""
-    from dsh.session_persistence_jsonl._fs import append_durable, open_read, stable_read, truncate_durable
+    from dsh.session_persistence_jsonl._files.fs import append_durable, open_read, stable_read, truncate_durable
 
     target = tmp_path / "target"
     target.write_bytes(b"committed\n")

@@ -12,9 +12,9 @@ from dsh.session_persistence.backend import (
     encode_event,
     encode_storage_lines,
 )
-from dsh.session_persistence_jsonl._frames import MAGIC, compress_frame
-from dsh.session_persistence_jsonl._records import encode_header_line
-from dsh.session_persistence_jsonl._scan import LineScanner, decode_raw_log, decode_zstd_log
+from dsh.session_persistence_jsonl._format.frames import MAGIC, compress_frame
+from dsh.session_persistence_jsonl._format.records import encode_header_line
+from dsh.session_persistence_jsonl._format.v0 import LineScanner, decode_raw_log, decode_zstd_log
 
 from ._sessions import Builder, storage
 

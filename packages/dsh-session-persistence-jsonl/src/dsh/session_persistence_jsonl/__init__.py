@@ -10,9 +10,9 @@ under the name ``"jsonl"`` (entry-point group ``dsh.session``).
 from __future__ import annotations
 
 from ._backend import JsonlBackend, SessionLogExistsError
-from ._batches import BatchTooLargeError
-from ._damage import DamagedTail
-from ._discovery import Damaged
-from ._scan import TornTail
+from ._files.discovery import Damaged
+from ._format.v0 import TornTail
+from ._format.v1 import BatchTooLargeError
+from ._format.v1_damage import DamagedTail
 
 __all__ = ["BatchTooLargeError", "Damaged", "DamagedTail", "JsonlBackend", "SessionLogExistsError", "TornTail"]

@@ -29,12 +29,8 @@ from dsh.session_persistence.backend import (
 
 from ._backend_core import SessionLogExistsError, _checkpoint, _cwd_of, _exists_error
 from ._backend_reads import JsonlReads
-from ._batches import (
-    is_declared,
-)
-from ._damage import DamagedTail, find_damaged_tail
-from ._discovery import check_identity, check_target_dir, find_transcript
-from ._fs import (
+from ._files.discovery import check_identity, check_target_dir, find_transcript
+from ._files.fs import (
     append_durable,
     ensure_dir_chain,
     is_file,
@@ -43,13 +39,17 @@ from ._fs import (
     stable_read,
     truncate_durable,
 )
-from ._held_append import HeldAppender
-from ._layout import project_dir_name, session_segment
-from ._lease import JsonlWriterLease, acquire_lease
-from ._lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
-from ._salvage import salvage_declared, salvage_raw, salvage_zstd
-from ._scan import TornTail
-from ._upgrade import declared_log
+from ._files.held_append import HeldAppender
+from ._files.layout import project_dir_name, session_segment
+from ._files.lease import JsonlWriterLease, acquire_lease
+from ._files.lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
+from ._format.salvage import salvage_declared, salvage_raw, salvage_zstd
+from ._format.upgrade import declared_log
+from ._format.v0 import TornTail
+from ._format.v1 import (
+    is_declared,
+)
+from ._format.v1_damage import DamagedTail, find_damaged_tail
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
 

@@ -22,7 +22,20 @@ from dsh.session_persistence.backend import (
     encode_storage_lines,
 )
 
-from ._batches import (
+from ._files.discovery import check_identity, find_transcript, preflight
+from ._files.fs import (
+    read_head,
+    stable_read,
+)
+from ._files.held_append import HeldAppender
+from ._files.layout import transcript_path
+from ._files.seq_guard import NextSeqCache
+from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
+from ._format.frames import Compression
+from ._format.records import corrupt, encode_header_line
+from ._format.upgrade import current_header
+from ._format.v0 import DecodedLog, decode_raw_log, decode_zstd_log
+from ._format.v1 import (
     DECLARED_FORMAT_VERSION,
     HEADER_CAP,
     BatchTooLargeError,
@@ -32,19 +45,7 @@ from ._batches import (
     is_declared,
     walk_declared,
 )
-from ._bounded import DEFAULT_MAX_BATCH_BYTES
-from ._declarations import MAX_DECLARED_BYTES
-from ._discovery import check_identity, find_transcript, preflight
-from ._fs import (
-    read_head,
-    stable_read,
-)
-from ._held_append import HeldAppender
-from ._layout import Compression, transcript_path
-from ._records import corrupt, encode_header_line
-from ._scan import DecodedLog, decode_raw_log, decode_zstd_log
-from ._seq_guard import NextSeqCache
-from ._upgrade import current_header
+from ._format.v1_declarations import MAX_DECLARED_BYTES
 
 __all__ = ["JsonlCore", "SessionLogExistsError"]
 

@@ -17,21 +17,21 @@ from dsh.session_persistence.backend import (
 )
 
 from ._backend_core import JsonlCore, _checkpoint
-from ._batches import (
+from ._files.discovery import Damaged, Listed, check_identity, list_transcripts
+from ._files.fs import (
+    open_read,
+    revision_of,
+    stable_read,
+)
+from ._files.stream import DeclaredStream, open_stream
+from ._format.frames import FrameError, decode_frame, scan_frames
+from ._format.records import NotAHeaderError, corrupt, parse_header_line
+from ._format.v1 import (
     BufferSource,
     FdSource,
     is_declared,
     walk_declared,
 )
-from ._discovery import Damaged, Listed, check_identity, list_transcripts
-from ._frames import FrameError, decode_frame, scan_frames
-from ._fs import (
-    open_read,
-    revision_of,
-    stable_read,
-)
-from ._records import NotAHeaderError, corrupt, parse_header_line
-from ._stream import DeclaredStream, open_stream
 
 __all__ = ["JsonlReads"]
 

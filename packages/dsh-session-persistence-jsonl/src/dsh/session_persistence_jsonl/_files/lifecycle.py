@@ -25,11 +25,12 @@ from dsh.session_persistence.backend import (
     StoredArtifact,
 )
 
-from ._discovery import check_identity, find_transcript, read_listed
-from ._fs import fsync_dir, is_file, replace_durable, revision_of
-from ._layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, Compression, decode_segment, project_key, suffix_for
-from ._lease import acquire_lease
-from ._records import NotAHeaderError
+from .._format.frames import Compression
+from .._format.records import NotAHeaderError
+from .discovery import check_identity, find_transcript, read_listed
+from .fs import fsync_dir, is_file, replace_durable, revision_of
+from .layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, decode_segment, project_key, suffix_for
+from .lease import acquire_lease
 
 __all__ = ["compact_transcript", "delete_transcript", "list_artifacts", "list_rows"]
 

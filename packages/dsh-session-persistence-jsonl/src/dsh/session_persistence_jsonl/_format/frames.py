@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Literal
 
 import zstandard
 
-from ._bounded import DEFAULT_MAX_BATCH_BYTES, FrameError, decompress_frame_bounded, decompress_partial_bounded
+from .bounded import DEFAULT_MAX_BATCH_BYTES, FrameError, decompress_frame_bounded, decompress_partial_bounded
 
 __all__ = [
     "MAGIC",
@@ -28,6 +29,9 @@ __all__ = [
 ]
 
 #: Frame magic number 0xFD2FB528, little-endian on disk.
+#: How a transcript stores its batches: zstd frames (``.jsonl.zstd``) or plain lines (``.jsonl``).
+Compression = Literal["zstd", "none"]
+
 MAGIC = b"\x28\xb5\x2f\xfd"
 _CORRUPT = "corrupt Zstandard session log: "
 

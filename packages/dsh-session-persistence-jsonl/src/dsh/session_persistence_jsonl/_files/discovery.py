@@ -21,23 +21,22 @@ from dsh.session_persistence.backend import (
     SessionPersistenceError,
 )
 
-from ._batches import DECLARED_FORMAT_VERSION, HEADER_CAP, FdSource, is_declared, walk_declared
-from ._bounded import decompress_frame_bounded
-from ._frames import FrameError, scan_frames
-from ._fs import is_file, open_read, real_dir
-from ._layout import (
+from .._format.bounded import decompress_frame_bounded
+from .._format.frames import Compression, FrameError, scan_frames
+from .._format.records import NotAHeaderError, corrupt, parse_header_line
+from .._format.v1 import DECLARED_FORMAT_VERSION, HEADER_CAP, FdSource, is_declared, walk_declared
+from .fs import is_file, open_read, real_dir
+from .layout import (
     MAX_SEGMENT,
     RAW_SUFFIX,
     TRANSCRIPT_STEM,
     ZSTD_SUFFIX,
-    Compression,
     decode_segment,
     session_segment,
     transcript_path,
 )
-from ._layout import opposite_suffix as _opposite_suffix
-from ._layout import suffix_for as _suffix_for
-from ._records import NotAHeaderError, corrupt, parse_header_line
+from .layout import opposite_suffix as _opposite_suffix
+from .layout import suffix_for as _suffix_for
 
 __all__ = ["Damaged", "Listed", "check_identity", "find_transcript", "list_transcripts", "preflight"]
 

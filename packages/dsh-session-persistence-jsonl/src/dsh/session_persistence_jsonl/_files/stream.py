@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 
 from dsh.session_persistence.backend import SessionEvent, SessionHeader
 
-from ._batches import FdSource, is_declared, open_declared
-from ._fs import open_read
-from ._layout import Compression
-from ._scan import DecodedLog
+from .._format.frames import Compression
+from .._format.v0 import DecodedLog
+from .._format.v1 import FdSource, is_declared, open_declared
+from .fs import open_read
 
 __all__ = ["RUN_EVENTS", "DeclaredStream", "open_stream"]
 

@@ -21,9 +21,9 @@ from dsh.session_persistence.backend import (
     encode_storage_lines,
 )
 
-from ._batches import BatchTooLargeError, BufferSource, encode_declared_batch, encode_declared_header, walk_declared
-from ._layout import Compression
-from ._records import corrupt, encode_header_line
+from .frames import Compression
+from .records import corrupt, encode_header_line
+from .v1 import BatchTooLargeError, BufferSource, encode_declared_batch, encode_declared_header, walk_declared
 
 __all__ = ["UPGRADE_BATCH_EVENTS", "current_header", "declared_log", "split_batches"]
 

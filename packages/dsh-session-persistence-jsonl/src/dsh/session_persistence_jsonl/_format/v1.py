@@ -35,8 +35,11 @@ from dsh.session_persistence.backend import (
     decode_storage_lines_from,
 )
 
-from ._bounded import decompress_declared
-from ._declarations import (
+from .bounded import decompress_declared
+from .frames import Compression, FrameError, compress_frame, raw_frame
+from .records import NotAHeaderError, corrupt, parse_header_line
+from .v0 import HEADER_CAP, DecodedLog, TornTail
+from .v1_declarations import (
     LINE_DECLARATION_MAX,
     LINE_DECLARATION_PREFIX,
     MAX_DECLARED_BYTES,
@@ -52,10 +55,6 @@ from ._declarations import (
     parse_zstd_declaration,
     zstd_declaration,
 )
-from ._frames import FrameError, compress_frame, raw_frame
-from ._layout import Compression
-from ._records import NotAHeaderError, corrupt, parse_header_line
-from ._scan import HEADER_CAP, DecodedLog, TornTail
 
 __all__ = [
     "DECLARED_FORMAT_VERSION",

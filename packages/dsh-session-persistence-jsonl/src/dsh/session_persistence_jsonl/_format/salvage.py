@@ -11,11 +11,10 @@ from __future__ import annotations
 import zstandard
 from dsh.session_persistence.backend import SalvagedLog, SessionHeader
 
-from ._batches import BatchDamage, BufferSource, walk_declared
-from ._frames import FrameError, decode_frame, scan_frames
-from ._layout import Compression
-from ._records import NotAHeaderError, corrupt, parse_header_line
-from ._scan import LineScanner
+from .frames import Compression, FrameError, decode_frame, scan_frames
+from .records import NotAHeaderError, corrupt, parse_header_line
+from .v0 import LineScanner
+from .v1 import BatchDamage, BufferSource, walk_declared
 
 __all__ = ["salvage_declared", "salvage_raw", "salvage_zstd"]
 

@@ -20,9 +20,9 @@ from dsh.session_persistence.backend import (
     first_seq_gap,
 )
 
-from ._bounded import DEFAULT_MAX_BATCH_BYTES
-from ._frames import FrameError, decode_frame, decode_partial, find_later_complete_frame, scan_frames
-from ._records import NotAHeaderError, corrupt, parse_header_line
+from .bounded import DEFAULT_MAX_BATCH_BYTES
+from .frames import FrameError, decode_frame, decode_partial, find_later_complete_frame, scan_frames
+from .records import NotAHeaderError, corrupt, parse_header_line
 
 __all__ = [
     "HEADER_CAP",

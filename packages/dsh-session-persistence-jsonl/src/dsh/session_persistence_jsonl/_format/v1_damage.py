@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from dsh.session_persistence.backend import SessionPersistenceCorruptionError
 
-from ._batches import BatchDamage, BufferSource, Source, _rest_is_torn, is_declared, walk_declared
-from ._declarations import (
+from .frames import Compression
+from .v1 import BatchDamage, BufferSource, Source, _rest_is_torn, is_declared, walk_declared
+from .v1_declarations import (
     LINE_DECLARATION_MAX,
     LINE_DECLARATION_PREFIX,
     ZSTD_DECLARATION_MAGIC,
@@ -21,7 +22,6 @@ from ._declarations import (
     parse_line_declaration,
     parse_zstd_declaration,
 )
-from ._layout import Compression
 
 __all__ = ["DamagedTail", "find_damaged_tail"]
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Literal
+
+from .._format.frames import Compression
 
 __all__ = [
     "NO_CWD_DIR",
     "RAW_SUFFIX",
     "ZSTD_SUFFIX",
-    "Compression",
     "decode_segment",
     "encode_segment",
     "project_dir_name",
@@ -23,8 +23,6 @@ __all__ = [
     "suffix_for",
     "transcript_path",
 ]
-
-Compression = Literal["zstd", "none"]
 
 #: Project directory of sessions whose header has no ``cwd``.
 NO_CWD_DIR = "_no-cwd"

@@ -16,7 +16,7 @@ import contextlib
 import os
 import threading
 
-from ._fs import append_durable, append_held, open_append
+from .fs import append_durable, append_held, open_append
 
 __all__ = ["HeldAppender"]
 
