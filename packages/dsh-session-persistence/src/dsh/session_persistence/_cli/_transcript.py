@@ -14,8 +14,8 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from .._model.codes import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 from .._model.events import SessionEvent
-from .._model.repair import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 from .._wire.codec import event_to_builtins
 
 __all__ = ["REPAIR_MEANINGS", "message_text", "render_transcript", "transcript_entries"]

@@ -1,24 +1,47 @@
 """The coordinator's host plugin: its session lifecycle hook implementations, each handed to the part it
-concerns (publication and events to the live path, flushes to the live path, disposal to retirement)."""
+concerns (publication, events and flushes to the live path, disposal to retirement).
+
+The parts are named by what the hooks need of them (:class:`LiveSide`, :class:`RetiringSide`), so this module
+sits low in the wing: the service builds the parts and hands them in.
+"""
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Awaitable
+from typing import Protocol
 
-from .._host.host import hookimpl
+from .._host.host import Host, hookimpl
 from .._host.session import Session
 from .._model.events import SessionEvent
-from .live_path import LivePath
-from .retirement import Retirement
 from .state import CoordinatorCore
 
-__all__ = ["SessionHooks"]
+__all__ = ["LiveSide", "RetiringSide", "SessionHooks", "owners_of"]
+
+
+class LiveSide(Protocol):
+    """What the hooks need of the live path."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def on_created(self, session: Session) -> None: ...
+
+    def enqueue(self, session: Session, event: SessionEvent) -> None: ...
+
+    def flush(self, session: Session) -> Awaitable[None]: ...
+
+
+class RetiringSide(Protocol):
+    """What the hooks need of retirement."""
+
+    def on_disposed(self, session: Session) -> None: ...
 
 
 class SessionHooks:
     """The host plugin of one coordinator (``owner``, kept so the host can find its open coordinators)."""
 
-    def __init__(self, owner: object, core: CoordinatorCore, live: LivePath, retirement: Retirement) -> None:
+    def __init__(self, owner: object, core: CoordinatorCore, live: LiveSide, retirement: RetiringSide) -> None:
         self.owner = owner
         self.core = core
         self.live = live
@@ -30,7 +53,7 @@ class SessionHooks:
 
     @hookimpl
     def session_event(self, session: Session, event: SessionEvent) -> None:
-        self.live.ensure_live(session).writes.enqueue(event)
+        self.live.enqueue(session, event)
 
     @hookimpl
     def session_flush(self, session: Session) -> Awaitable[None]:
@@ -39,3 +62,8 @@ class SessionHooks:
     @hookimpl
     def session_disposed(self, session: Session) -> None:
         self.retirement.on_disposed(session)
+
+
+def owners_of(host: Host) -> builtins.list[object]:
+    """The owners (coordinators) of the open coordinator plugins registered in ``host``."""
+    return [p.owner for p in host.get_plugins() if isinstance(p, SessionHooks) and p.live.running and not p.core.closed]

@@ -122,6 +122,10 @@ class LivePath:
             )
         self.ensure_live(session)
 
+    def enqueue(self, session: Session, event: SessionEvent) -> None:
+        """The ``session_event`` hook: the event joins the Session's write-behind window."""
+        self.ensure_live(session).writes.enqueue(event)
+
     def ensure_live(self, session: Session) -> Live:
         """Get or create the Session's controller and start its initialization (idempotent per Session)."""
         live = self.live.get(session)

@@ -49,7 +49,7 @@ from .._model.views import SessionEventSuffix, SessionInspection
 from . import lifecycle as _lifecycle
 from .cold_path import cold_commit, iter_from, prepare, read_from
 from .durable import append, materialize, rewrite
-from .hooks import SessionHooks
+from .hooks import SessionHooks, owners_of
 from .inputs import check_create_meta, check_offset, snapshot_batch
 from .live_path import LivePath, live_view
 from .retirement import Retirement
@@ -468,11 +468,7 @@ class PersistenceCoordinator:
 
 def coordinators_of(host: Host) -> builtins.list[PersistenceCoordinator]:
     """The open coordinators registered in ``host`` (in registration order)."""
-    return [
-        cast(PersistenceCoordinator, p.owner)
-        for p in host.get_plugins()
-        if isinstance(p, SessionHooks) and p.live.running and not p.core.closed
-    ]
+    return [cast(PersistenceCoordinator, owner) for owner in owners_of(host)]
 
 
 def core_of(coordinator: PersistenceCoordinator) -> CoordinatorCore:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, Literal, ParamSpec,
 
 import anyio
 
-from .._model.repair import (
+from .._model.codes import (
     TOOL_ABORTED,
     TOOL_ABORTED_BEFORE_DISPATCH,
     TOOL_ABORTED_BEFORE_DISPATCH_TEXT,

@@ -11,6 +11,16 @@ from collections.abc import Sequence
 
 from msgspec import UNSET
 
+from .codes import (
+    TOOL_ABORTED,
+    TOOL_ABORTED_BEFORE_DISPATCH,
+    TOOL_ABORTED_BEFORE_DISPATCH_TEXT,
+    TOOL_ABORTED_TEXT,
+    TOOL_NOT_STARTED,
+    TOOL_NOT_STARTED_TEXT,
+    TOOL_OUTCOME_UNKNOWN,
+    TOOL_OUTCOME_UNKNOWN_TEXT,
+)
 from .events import (
     AssistantMessage,
     InterruptedReason,
@@ -44,25 +54,6 @@ __all__ = [
     "has_open_turn",
     "interrupted_turn_closers",
 ]
-
-#: The assistant requested the call but no durable ``tool/call`` exists: it certainly did not start.
-TOOL_NOT_STARTED = "TOOL_NOT_STARTED"
-TOOL_NOT_STARTED_TEXT = (
-    "The tool call was interrupted before the Harness recorded it as started. Retry it if it is still needed."
-)
-#: A durable ``tool/call`` exists without a result: the side effect may or may not have happened.
-TOOL_OUTCOME_UNKNOWN = "TOOL_OUTCOME_UNKNOWN"
-TOOL_OUTCOME_UNKNOWN_TEXT = (
-    "The tool call was interrupted after it was recorded, but no result was durably recorded. Its outcome is "
-    "unknown. Decide whether to retry from the tool semantics: retry only if the operation is read-only or "
-    "idempotent; if it may have side effects, first verify external state or ask the user. Do not retry blindly."
-)
-#: Live cancellation before the tool body ran (tool runtime, agent loop, checkpoint policy).
-TOOL_ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
-TOOL_ABORTED_BEFORE_DISPATCH_TEXT = "Error: tool call aborted before dispatch"
-#: Live cancellation after the tool body started.
-TOOL_ABORTED = "ABORTED"
-TOOL_ABORTED_TEXT = "Error: tool call aborted"
 
 _NOT_STARTED_ERROR = ToolErrorInfo(name="ToolNotStartedError", code=TOOL_NOT_STARTED)
 _UNKNOWN_ERROR = ToolErrorInfo(name="ToolOutcomeUnknownError", code=TOOL_OUTCOME_UNKNOWN)

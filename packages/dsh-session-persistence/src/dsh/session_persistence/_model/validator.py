@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from .codes import TOOL_NOT_STARTED
 from .errors import TurnInvariantError
 from .events import (
     AssistantChunk,
@@ -24,7 +25,6 @@ from .events import (
     TurnEnd,
     TurnStart,
 )
-from .repair import TOOL_NOT_STARTED
 
 __all__ = ["TurnValidator", "validate_turns"]
 

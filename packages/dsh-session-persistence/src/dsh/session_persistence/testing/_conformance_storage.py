@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from .._host.session import Session
+from .._model.codes import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN
 from .._model.errors import (
     IncompleteInheritedPrefixError,
     SeqMismatchError,
@@ -30,7 +31,6 @@ from .._model.events import (
     UserSource,
 )
 from .._model.header import SESSION_FORMAT_VERSION
-from .._model.repair import TOOL_NOT_STARTED, TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN
 from .._wire.codec import event_types
 from ._conformance_base import (
     _ids_of,
