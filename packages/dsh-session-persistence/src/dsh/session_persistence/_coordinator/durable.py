@@ -23,7 +23,7 @@ from .._wire.stored_log import same_events
 from .in_doubt import Verdict, is_refusal, settle, storage_error
 from .state import CoordinatorCore, PendingWrite, SessionState
 
-__all__ = ["append", "ensure_lease", "materialize", "repair", "rewrite", "settle_doubt"]
+__all__ = ["append_settled", "append", "ensure_lease", "materialize", "repair", "rewrite", "settle_doubt"]
 
 _logger = logging.getLogger("dsh.session_persistence")
 
@@ -91,6 +91,14 @@ async def append(core: CoordinatorCore, session_id: str, state: SessionState, ba
     is retried unchanged, instead of being refused as a seq mismatch.
     """
     await settle_doubt(core, session_id, state)
+    await append_settled(core, session_id, state, batch)
+
+
+async def append_settled(
+    core: CoordinatorCore, session_id: str, state: SessionState, batch: Sequence[SessionEvent]
+) -> None:
+    """:func:`append` for a caller that has just settled the id's in-doubt write itself (settlement runs once
+    per write): contiguity, the inherited-prefix gate, the lease, then one durable ``append_batch``."""
     cursor = state.cursor
     settled = state.settled
     if settled and batch and batch[0].seq == cursor - len(settled) and same_events(batch, settled):

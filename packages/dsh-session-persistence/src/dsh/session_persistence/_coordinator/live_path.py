@@ -14,6 +14,7 @@ import builtins
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from anyio.lowlevel import checkpoint_if_cancelled
@@ -33,7 +34,7 @@ from .._model.header import SessionHeader
 from .._model.repair import has_open_turn
 from .._model.views import SessionInspection
 from .._wire.stored_log import same_events, validate_stored
-from .durable import append, repair, settle_doubt
+from .durable import append, append_settled, repair, settle_doubt
 from .scheduling import Scheduler
 from .state import CoordinatorCore, Outcome, SessionState
 from .write_behind import WriteBehindController
@@ -89,8 +90,7 @@ class LiveSink:
     async def write_batch(self, batch: builtins.list[SessionEvent]) -> None:
         if not self.init.settled():
             await self.init.wait()
-        session = self.session
-        await self.path.core.chains.run(session.id, lambda: self.path.write_live(session, batch))
+        await self.path.core.chains.run(self.session.id, partial(self.path.write_live, self.session, batch))
 
     def background_failed(self, error: BaseException) -> None:
         _logger.warning(
@@ -245,10 +245,10 @@ class LivePath:
             raise SessionIdCollisionError(
                 f'session "{session_id}" is already bound to a different live session in this backend (id collision)'
             )
-        await settle_doubt(core, session_id, state)
+        await settle_doubt(core, session_id, state)  # first: a settled write may already hold part of the batch
         fresh = [event for event in batch if event.seq >= state.cursor]
         if fresh:
-            await append(core, session_id, state, fresh)
+            await append_settled(core, session_id, state, fresh)
 
     async def flush(self, session: Session) -> None:
         """Coordinator flush: initialization first, then the controller's quiescence barrier."""
