@@ -37,7 +37,15 @@ class Prepared:
 
 
 async def prepare(core: CoordinatorCore, session_id: str) -> Prepared:
-    """Read and validate the stored log and compute its closers (no writes). Runs serialized."""
+    """Read and validate the stored log and compute its closers (no writes). Runs serialized.
+
+    A read this coordinator prepared before (a preview) is reused when storage still reports its revision.
+    """
+    cache = core.preparations
+    if cache.revision_of(session_id) is not None:
+        cached = cache.take(session_id, await core.backend.read_stored_revision(session_id))
+        if isinstance(cached, Prepared):
+            return cached
     stored = await core.backend.load_stored(session_id)
     if stored is None:
         raise SessionNotFoundError(session_id)
@@ -53,7 +61,9 @@ async def prepare(core: CoordinatorCore, session_id: str) -> Prepared:
     except Exception as exc:
         raise corruption(session_id, exc) from exc
     inspection = SessionInspection(meta=meta, inherited_event_count=cut, events=(*events, *closers))
-    return Prepared(stored=stored, closers=closers, inspection=inspection)
+    prepared = Prepared(stored=stored, closers=closers, inspection=inspection)
+    cache.put(session_id, stored.revision, prepared)
+    return prepared
 
 
 async def cold_commit(core: CoordinatorCore, session_id: str, *, for_write: bool = False) -> SessionInspection:
@@ -84,6 +94,7 @@ async def cold_commit(core: CoordinatorCore, session_id: str, *, for_write: bool
             state.cursor = len(stored.events)
             state.materialized = True
             state.doubt = None
+        core.preparations.drop(session_id)  # committed: from here on this coordinator writes the id
         return prepared.inspection
     raise SessionPersistenceError(
         f'stored session "{session_id}" kept changing while it was being loaded ({MAX_COLD_ATTEMPTS} attempts)'

@@ -14,7 +14,7 @@ registers when it starts (``async with PersistenceCoordinator(host, backend) as 
 first thing on close. Background work (write-behind timers and writes, initialization, retirement) runs in a
 task group the coordinator owns, so a caller that is cancelled abandons only its own wait.
 
-Not implemented yet: the preparation cache, ``prepare`` and ``borrow_session``.
+Not implemented yet: ``prepare`` and ``borrow_session`` (the seed's names for reading through the preparation cache).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class PersistenceCoordinator:
     :param backend: the storage primitives (:class:`~dsh.session_persistence.backend.SessionBackend`); its
         optional primitives are resolved once, here.
     :param write_batch_max_delay_ms: the write-behind window, an integer in ``1..2147483647`` (default 200).
-    :param prepared_session_cache_size: validated for forward compatibility (the cache is not implemented yet).
+    :param prepared_session_cache_size: how many validated cold reads to keep for a resume right after a preview
+        (``inspect``, a picker); one is reused only while storage reports the revision it was read at.
     :param scheduler: timers for the write-behind windows; defaults to tasks sleeping in the coordinator's task
         group (tests pass a manual scheduler).
 
@@ -97,7 +98,7 @@ class PersistenceCoordinator:
             raise TypeError(f"writeBatchMaxDelayMs must be an integer between 1 and {MAX_DELAY_MS_LIMIT}")
         self._host = host
         self._backend = backend
-        self._core = core = CoordinatorCore(host, backend)
+        self._core = core = CoordinatorCore(host, backend, prepared_session_cache_size)
         self._livepath = LivePath(core, self._spawn, write_batch_max_delay_ms)
         self._livepath.scheduler = scheduler
         self._retirement = Retirement(core, self._livepath, self._spawn)

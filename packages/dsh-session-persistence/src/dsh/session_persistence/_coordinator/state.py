@@ -5,6 +5,7 @@ retirement, durable writes): the durable bookkeeping of each id and the backend 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -17,6 +18,7 @@ from .._model.events import SessionEvent
 from .._model.header import SessionHeader
 from .fifo import FifoChains
 from .leases import LeaseTable
+from .preparations import PreparationCache
 
 __all__ = ["CoordinatorCore", "Outcome", "PendingWrite", "SessionState"]
 
@@ -85,10 +87,14 @@ class Outcome:
         return True
 
 
+def _prepared_size(prepared: Any) -> int:
+    return len(prepared.inspection.events)
+
+
 class CoordinatorCore:
     """The state every part of the coordinator reads and updates (one instance per coordinator)."""
 
-    def __init__(self, host: Host, backend: SessionBackend) -> None:
+    def __init__(self, host: Host, backend: SessionBackend, prepared_sessions: int = 5) -> None:
         self.host = host
         self.backend = backend
         self.caps = Capabilities.of(backend)
@@ -100,6 +106,8 @@ class CoordinatorCore:
         self.retirements: dict[str, Outcome] = {}
         self.leases = LeaseTable(self.caps.acquire_writer_lease)
         self.closed = False
+        # Cold reads kept for a resume right after a preview (values: cold_path.Prepared).
+        self.preparations: PreparationCache[Any] = PreparationCache(prepared_sessions, _prepared_size)
 
     def require_open(self) -> None:
         """Refuse work once the coordinator has closed."""
