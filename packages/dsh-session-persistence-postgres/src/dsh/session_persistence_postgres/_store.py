@@ -1,7 +1,9 @@
 """The backend primitives as blocking calls on sync psycopg connections (run in worker threads).
 
 Each primitive is one message (see :func:`one_message_transaction`): ``BEGIN``, its timeouts (``SET LOCAL``
-through ``set_config``), its statements and ``COMMIT`` go out together and cost one round trip. Reads run in one
+through ``set_config``), its statements and ``COMMIT`` go out together and cost one round trip. No primitive uses
+a plain ``execute``, which psycopg turns into a server-side prepared statement after five uses (fatal behind a
+transaction-mode pooler: the next client on that server connection finds the name taken). Reads run in one
 repeatable-read snapshot, so a concurrent commit is seen wholly or not at all.
 """
 
@@ -113,6 +115,8 @@ class SyncStore:
         self._start_lock = threading.Lock()
         self._store_id: str | None = None
         self._closed = False
+        self._warned: set[str] = set()
+        connections.on_new_connection = self.check_durability
 
     # -- start ------------------------------------------------------------------------------------------
 
@@ -132,20 +136,32 @@ class SyncStore:
             return self._store_id
 
     def _start_on(self, conn: Conn) -> str:
-        row = conn.execute(self._sql.settings).fetchone()
+        # The durability settings were checked on this connection's first use (check_durability).
+        return ensure_schema(conn, self._tables)
+
+    def check_durability(self, conn: Conn) -> None:
+        """Refuse (or warn about) a connection whose server session runs with weakened durability.
+
+        Run on every new connection, not once: ``ALTER DATABASE ... SET synchronous_commit = off`` or a reloaded
+        ``postgresql.conf`` changes what later sessions run with, so the first connection proves nothing about
+        the next. The warning for an accepted weak setting is logged once per backend.
+        """
+        row = psycopg.ClientCursor(conn).execute(self._sql.settings).fetchone()
         fsync, synchronous_commit = (str(row[0]), str(row[1])) if row is not None else ("?", "?")
         weak = _weakened(fsync, synchronous_commit)
-        if weak:
-            listed = ", ".join(f"{name}={value}" for name, value in weak.items())
-            if not self._settings.allow_weak_durability:
-                raise WeakDurabilityError(
-                    f"the PostgreSQL server runs with {listed}: it acknowledges commits that a crash can lose, so "
-                    "acknowledged session events would not be durable. Fix the server setting (fsync=on, "
-                    "synchronous_commit=on or stronger), or pass allow_weak_durability=True to accept the risk",
-                    weak,
-                )
+        if not weak:
+            return
+        listed = ", ".join(f"{name}={value}" for name, value in weak.items())
+        if not self._settings.allow_weak_durability:
+            raise WeakDurabilityError(
+                f"the PostgreSQL server runs with {listed}: it acknowledges commits that a crash can lose, so "
+                "acknowledged session events would not be durable. Fix the server setting (fsync=on, "
+                "synchronous_commit=on or stronger), or pass allow_weak_durability=True to accept the risk",
+                weak,
+            )
+        if listed not in self._warned:
+            self._warned.add(listed)
             _log.warning("PostgreSQL runs with %s: acknowledged events may be lost in a crash", listed)
-        return ensure_schema(conn, self._tables)
 
     def close(self) -> None:
         with self._start_lock:
@@ -190,14 +206,14 @@ class SyncStore:
 
     def revision(self, session_id: str) -> str | None:
         store_id = self.start()
-        row = self._retry.read(
-            "read revision", lambda conn: conn.execute(self._sql.revision, {"id": session_id}).fetchone()
+        (rows,) = self._retry.read(
+            "read revision", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.revision, {"id": session_id})])
         )
-        return None if row is None else f"{store_id}:{row[0]}"
+        return None if not rows else f"{store_id}:{rows[0][0]}"
 
     def snapshots(self) -> list[tuple[SessionHeader, str]]:
         store_id = self.start()
-        rows = self._retry.read("list", lambda conn: conn.execute(self._sql.snapshots).fetchall())
+        (rows,) = self._retry.read("list", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.snapshots, {})]))
         listed = []
         for sid, text, rev in rows:
             try:
@@ -322,13 +338,13 @@ class SyncStore:
         return int(number)
 
     def _exists(self, conn: Conn, session_id: str) -> bool:
-        return conn.execute(self._sql.revision, {"id": session_id}).fetchone() is not None
+        (rows,) = self._transaction(conn, _SNAPSHOT, [(self._sql.revision, {"id": session_id})])
+        return bool(rows)
 
     def _rows_now(self, conn: Conn, session_id: str) -> list[tuple[Any, ...]] | None:
         params = {"id": session_id, "from": 0}
-        if conn.execute(self._sql.head, params).fetchone() is None:
-            return None
-        return conn.execute(self._sql.events_from, params).fetchall()
+        head, rows = self._transaction(conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
+        return None if not head else rows
 
     def delete(self, session_id: str, expected_revision: str | None) -> None:
         """Remove the session row (its events cascade) in one transaction."""
@@ -356,7 +372,7 @@ class SyncStore:
         statement, params = list_page_query(
             self._tables, query.order, after, query.cwd, query.parent, query.since, query.limit
         )
-        rows = self._retry.read("list page", lambda conn: conn.execute(statement, params).fetchall())
+        (rows,) = self._retry.read("list page", lambda conn: self._transaction(conn, _SNAPSHOT, [(statement, params)]))
         page = []
         for sid, text, rev, updated_at in rows:
             try:
