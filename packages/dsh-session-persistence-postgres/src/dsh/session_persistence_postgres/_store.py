@@ -91,6 +91,21 @@ def _arrays(rows: Sequence[Row]) -> dict[str, Any]:
     }
 
 
+def _cas_refused(session_id: str, snapshot_next_seq: int, first: int) -> str:
+    """The message of a refused compare-and-set, true in both cases it covers.
+
+    ``snapshot_next_seq`` is read in the statement's snapshot, taken before the statement waited for the row lock:
+    when it equals ``first`` the batch was in line when sent, and another writer's commit moved the row on while
+    this one waited (its next_seq is newer than the snapshot can show).
+    """
+    if snapshot_next_seq == first:
+        return (
+            f'append seq mismatch for "{session_id}": another writer stored seq {first} first (the stored log moved '
+            "on while this batch waited for the session row)"
+        )
+    return f'append seq mismatch for "{session_id}": expected {snapshot_next_seq} at index 0, got {first}'
+
+
 def _weakened(fsync: str, synchronous_commit: str) -> dict[str, str]:
     weak = {}
     if fsync != "on":
@@ -250,9 +265,7 @@ class SyncStore:
                 raise SessionAlreadyExistsError(f'session "{session_id}" already has a persisted log')
             if result[2] is None:
                 raise SessionNotFoundError(session_id)
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {result[2]} at index 0, got {first}'
-            )
+            raise SeqMismatchError(_cas_refused(session_id, int(result[2]), first))
 
         def settle(conn: Conn) -> Outcome:
             return self._settle_append(conn, session_id, rows, first, header, create)
