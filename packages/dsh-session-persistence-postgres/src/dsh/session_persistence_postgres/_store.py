@@ -242,8 +242,14 @@ class SyncStore:
 
     # -- writes -----------------------------------------------------------------------------------------
 
-    def append(self, storage: StorageMetadata, rows: Sequence[Row], first: int, create: bool) -> None:
-        """Store ``rows`` (seqs ``first...``): as the session's first batch (``create``) or a later one."""
+    def append(
+        self, storage: StorageMetadata, rows: Sequence[Row], first: int, create: bool, *, after_unknown: bool = False
+    ) -> None:
+        """Store ``rows`` (seqs ``first...``): as the session's first batch (``create``) or a later one.
+
+        ``after_unknown``: the session's previous write was abandoned by its caller after it was sent; these rows
+        are read back first (a caller retrying the batch it abandoned finds it stored, and nothing is sent).
+        """
         self.start()
         session_id = storage.meta.id
         header: str | None = None
@@ -270,6 +276,8 @@ class SyncStore:
         def settle(conn: Conn) -> Outcome:
             return self._settle_append(conn, session_id, rows, first, header, create)
 
+        if after_unknown and self._retry.read("append (read-back)", settle) is Outcome.STORED:
+            return
         try:
             self._retry.write("append", attempt, settle)
         except SessionStorageError as exc:
@@ -316,10 +324,13 @@ class SyncStore:
                 return False
         return True
 
-    def rewrite(self, session_id: str, rows: Sequence[Row], expected_revision: str | None = None) -> None:
+    def rewrite(
+        self, session_id: str, rows: Sequence[Row], expected_revision: str | None = None, *, after_unknown: bool = False
+    ) -> None:
         """Replace the log with ``rows`` (seqs from 0), header and cut kept; idempotent, so simply retried.
 
-        With ``expected_revision`` (compaction) nothing is written unless the session is still at it.
+        With ``expected_revision`` (compaction) nothing is written unless the session is still at it. Idempotent
+        and revision-checked, so an abandoned write before it needs no read-back (``after_unknown`` is unused).
         """
         store_id = self.start()
         expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
@@ -359,8 +370,9 @@ class SyncStore:
         head, rows = self._transaction(conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
         return None if not head else rows
 
-    def delete(self, session_id: str, expected_revision: str | None) -> None:
-        """Remove the session row (its events cascade) in one transaction."""
+    def delete(self, session_id: str, expected_revision: str | None, *, after_unknown: bool = False) -> None:
+        """Remove the session row (its events cascade) in one transaction (idempotent and revision-checked, so an
+        abandoned write before it needs no read-back: ``after_unknown`` changes nothing, as for :meth:`rewrite`)."""
         store_id = self.start()
         expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
         params = {"id": session_id, "expected": expected}
