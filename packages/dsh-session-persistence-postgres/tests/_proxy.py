@@ -8,7 +8,8 @@ message is a type byte and a length), which is what lets the proxy act on one pr
   server sent before it is forwarded, then both sockets are closed. The transaction is committed on the server
   and the client sees a dropped connection: the textbook in-doubt write.
 * :meth:`PgProxy.blackhole` stops forwarding on every connection open now (bytes are read and thrown away, the
-  sockets stay open), like a peer behind a dead route. New connections are forwarded normally.
+  sockets stay open), like a peer behind a dead route. New connections are forwarded normally, unless
+  ``blackhole_new`` is set (then they are black-holed from the start: a connect hangs).
 * ``latency`` (seconds) delays every forwarded chunk in both directions.
 
 ``client_turns`` counts the round trips: a chunk from the client after the server last spoke starts a new one
@@ -59,6 +60,8 @@ class PgProxy:
         self.latency = 0.0
         #: While true, new connections are accepted and closed at once (a server that cannot be reached).
         self.refuse_new = False
+        #: While true, new connections are accepted and black-holed from the start (a dead route: connects hang).
+        self.blackhole_new = False
         self.round_trips = 0
         self.client_turns = 0
         self.commit_replies_dropped = 0
@@ -129,6 +132,7 @@ class PgProxy:
             for sock in (client, upstream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link = _Link(client, upstream)
+            link.blackholed = self.blackhole_new
             with self._lock:
                 self._links.append(link)
             self._spawn(self._client_to_server, link)

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
-from dsh.session_persistence.backend import StorageMetadata
+from dsh.session_persistence.backend import ListQuery, StorageMetadata
 from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 from psycopg_pool import ConnectionPool
@@ -116,5 +116,80 @@ async def test_every_primitive_is_one_simple_query_message(pg_cluster: PgCluster
             f.close()
     sent = _frontend_messages(traces)
     shutil.rmtree(traces, ignore_errors=True)
-    assert sent.count("Query") == 7, sent
+    # 7 primitives, plus the durability check of the one pooled connection on its first use.
+    assert sent.count("Query") == 7 + 1, sent
     assert set(sent) <= {"Query", "Terminate"}, sent
+
+
+# -- no server-side prepared statement, whatever the caller's connection settings ----------------------------
+
+
+async def _read_everything(backend: PostgresBackend, session_id: str, times: int) -> None:
+    for _ in range(times):
+        assert await backend.read_stored_revision(session_id) is not None
+        assert [h.id for h in await backend.list()] == [session_id]
+        assert len(await backend.list_snapshots()) == 1
+        assert len(await backend.list_page(ListQuery(limit=5))) == 1
+        assert len(await backend.list_page(ListQuery(order="created", since=0))) == 1
+        assert await backend.load_stored(session_id) is not None
+
+
+async def test_no_primitive_is_prepared_after_repeated_use(pg_cluster: PgCluster) -> None:
+    """psycopg prepares a plain ``execute`` after five uses on one connection (``Parse`` with a statement name);
+    every read is sent as one simple ``Query`` message instead, even with psycopg's default settings."""
+    traces = Path(tempfile.mkdtemp(prefix="dsh-pgtrace-"))
+    files: list[Any] = []
+
+    def trace(conn: psycopg.Connection[Any]) -> None:
+        f = open(traces / f"{len(files)}.trace", "w")  # noqa: SIM115 - closed after the pool
+        files.append(f)
+        conn.pgconn.trace(f.fileno())
+
+    # No prepare_threshold=None: the caller's connections keep psycopg's default (prepare after 5 uses).
+    pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        pg_cluster.dsn, configure=trace, min_size=1, max_size=1, open=True
+    )
+    schema = f"prep_{uuid.uuid4().hex[:10]}"
+    try:
+        backend = PostgresBackend(schema=schema, pool=pool)
+        await backend.append_batch(StorageMetadata(meta("p")), one_turn_log(), False)
+        await _read_everything(backend, "p", 8)
+        await backend.aclose()
+    finally:
+        pool.close()
+        for f in files:
+            f.close()
+    sent = _frontend_messages(traces)
+    shutil.rmtree(traces, ignore_errors=True)
+    assert "Parse" not in sent, sorted(set(sent))
+    assert sent.count("Query") >= 1 + 6 * 8, sent
+
+
+async def test_reads_through_pgbouncer_without_caller_settings(bouncer: Bouncer) -> None:
+    """320 calls of each read through a transaction-mode pooler, no ``prepare_threshold`` from the caller:
+    none fails (a prepared statement would land on a server connection another client then gets)."""
+    schema = f"bouncer_{uuid.uuid4().hex[:10]}"
+    backends = [PostgresBackend(bouncer.dsn, schema=schema, max_size=2) for _ in range(4)]
+    failures: list[BaseException] = []
+
+    async def reader(backend: PostgresBackend) -> None:
+        for _ in range(80):
+            for call in (
+                lambda: backend.read_stored_revision("r"),
+                backend.list,
+                lambda: backend.list_page(ListQuery(limit=10)),
+            ):
+                try:
+                    await call()
+                except Exception as exc:
+                    failures.append(exc)
+
+    try:
+        await backends[0].append_batch(StorageMetadata(meta("r")), one_turn_log(), False)
+        async with anyio.create_task_group() as tg:
+            for backend in backends:
+                tg.start_soon(reader, backend)
+    finally:
+        for backend in backends:
+            await backend.aclose()
+    assert failures == []

@@ -15,6 +15,11 @@ import textwrap
 import uuid
 
 import anyio
+import anyio.to_thread
+import psycopg
+import pytest
+from dsh.session_persistence.backend import SeqMismatchError, StorageMetadata
+from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 
 ROUNDS = 40 if os.environ.get("DSH_LONG") == "1" else 12
@@ -110,3 +115,62 @@ def test_two_processes_race_on_one_session(postgres_dsn: str) -> None:
     for round_no, winner in enumerate(winners):
         batch_tags = {tag for _seq, tag in log[round_no * BATCH : (round_no + 1) * BATCH]}
         assert batch_tags == {winner}, f"round {round_no} mixes writers: {batch_tags}"
+
+
+async def _waiting_on_a_lock(dsn: str, app: str) -> int:
+    def count() -> int:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                b"SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                (app,),
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    return await anyio.to_thread.run_sync(count)
+
+
+@pytest.mark.anyio
+async def test_a_writer_that_lost_the_race_is_told_the_truth(postgres_dsn: str) -> None:
+    """Two writers send a batch at seq 6 while a third transaction holds the session row: both were in line when
+    sent, one wins, and the loser's error says another writer stored seq 6 first (its statement's snapshot still
+    shows next_seq 6, which once read as "expected 6 at index 0, got 6")."""
+    schema = f"truth_{uuid.uuid4().hex[:10]}"
+    app = f"dsh-race-{uuid.uuid4().hex[:8]}"
+    writers = [
+        PostgresBackend(postgres_dsn, schema=schema, connection_kwargs={"application_name": app}, lock_timeout=None)
+        for _ in range(2)
+    ]
+    storage = StorageMetadata(meta("r"))
+    holder = await anyio.to_thread.run_sync(psycopg.connect, postgres_dsn)
+    outcomes: list[BaseException | None] = []
+    try:
+        await writers[0].append_batch(storage, one_turn_log(), False)
+        await writers[1].list()
+        await anyio.to_thread.run_sync(
+            holder.execute, f"SELECT 1 FROM \"{schema}\".dsh_sessions WHERE id = 'r' FOR UPDATE".encode()
+        )
+
+        async def write(backend: PostgresBackend, turn: int) -> None:
+            try:
+                await backend.append_batch(storage, simple_turn(6, turn), True)
+            except SeqMismatchError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write, writers[0], 2)
+            tg.start_soon(write, writers[1], 3)
+            with anyio.fail_after(60):  # a safety net for a hang, not a timing assertion
+                while await _waiting_on_a_lock(postgres_dsn, app) < 2:  # noqa: ASYNC110 - polling the server's view
+                    await anyio.sleep(0.02)
+            await anyio.to_thread.run_sync(holder.rollback)
+    finally:
+        await anyio.to_thread.run_sync(holder.close)
+        for backend in writers:
+            await backend.aclose()
+    lost = [exc for exc in outcomes if exc is not None]
+    assert len(outcomes) == 2 and len(lost) == 1, outcomes
+    message = str(lost[0])
+    assert "another writer stored seq 6 first" in message, message
+    assert "expected 6" not in message and "got 6" not in message, message

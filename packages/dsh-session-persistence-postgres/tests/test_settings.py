@@ -237,6 +237,49 @@ async def test_fsync_off_is_refused(postgres_dsn: str, schema: str) -> None:
             await backend.aclose()
 
 
+@pytest.fixture
+def own_database(pg_cluster: PgCluster) -> Iterator[str]:
+    """A database of its own (its settings can be altered without touching the other tests'); its DSN."""
+    name = f"db_{uuid.uuid4().hex[:12]}"
+    admin = f"host=127.0.0.1 port={pg_cluster.port} dbname=postgres user={pg_cluster.user}"
+    _sql(admin, f'CREATE DATABASE "{name}"')
+    try:
+        yield f"host=127.0.0.1 port={pg_cluster.port} dbname={name} user={pg_cluster.user} connect_timeout=10"
+    finally:
+        _sql(admin, f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+async def test_durability_is_checked_on_every_new_connection(own_database: str, schema: str) -> None:
+    """``ALTER DATABASE ... SET synchronous_commit = off`` after start is noticed on the next new connection."""
+    dbname = psycopg.conninfo.conninfo_to_dict(own_database)["dbname"]
+    app = f"dsh-dur-{uuid.uuid4().hex[:8]}"
+    backend = PostgresBackend(
+        own_database, schema=schema, connection_kwargs={"application_name": app}, min_size=1, max_size=1
+    )
+    storage = StorageMetadata(meta("dur"))
+    try:
+        await backend.append_batch(storage, one_turn_log(), False)
+        _sql(own_database, f'ALTER DATABASE "{dbname}" SET synchronous_commit = off')
+        # The pooled connection still runs with the old setting; end it so the next call needs a new one.
+        ended = _sql(
+            own_database, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,)
+        )
+        assert ended and all(ok for (ok,) in ended)
+        with pytest.raises(WeakDurabilityError, match="synchronous_commit=off") as info:
+            await backend.append_batch(storage, simple_turn(6, 2), True)
+        assert info.value.settings == {"synchronous_commit": "off"}
+        with pytest.raises(WeakDurabilityError):
+            await backend.load_stored("dur")  # reads too: every new connection is refused, not only the first
+        _sql(own_database, f'ALTER DATABASE "{dbname}" RESET synchronous_commit')
+        # The pool may hold a replacement made while the setting was off: it is refused too; end it.
+        _sql(own_database, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,))
+        await backend.append_batch(storage, simple_turn(6, 2), True)  # nothing was written by the refused one
+        stored = await backend.load_stored("dur")
+        assert stored is not None and list(stored.events) == one_turn_log() + simple_turn(6, 2)
+    finally:
+        await backend.aclose()
+
+
 # -- deadlines ------------------------------------------------------------------------------------------------
 
 

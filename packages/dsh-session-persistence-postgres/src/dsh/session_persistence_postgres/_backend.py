@@ -8,7 +8,9 @@ seq)`` is the events' primary key. Two processes racing on one id therefore neve
 seq: the loser gets :class:`SeqMismatchError` (or :class:`SessionAlreadyExistsError` for the first batch).
 
 The work runs on sync psycopg connections in anyio worker threads, so any anyio event loop (asyncio, trio) can
-drive it; a thread that has started a statement is waited for (it is bounded by the timeouts).
+drive it. A cancelled caller leaves at once (its deadline bounds the call); the thread goes on to its end, bounded
+by the backend's own timeouts, and the session's next write waits for it and reads back what it left (see
+:mod:`._abandon`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
+from ._abandon import WriteChains, run_abandonable
 from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec
 from ._connections import Connections
 from ._core import (
@@ -134,11 +137,16 @@ class PostgresBackend:
         self._writer_lease = writer_lease
         self._leases: list[AdvisoryLease] = []
         self._store = SyncStore(connections, self._tables, self._codec, self._settings)
+        self._chains = WriteChains()
         self._closed = False
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        # Not abandoned on cancellation: the thread holds a connection mid-statement; the timeouts bound it.
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+        # A read: a cancelled caller leaves, the thread ends on its own (bounded by the timeouts).
+        return await run_abandonable(fn, *args)
+
+    async def _write(self, session_id: str, fn: Callable[..., None], *args: Any) -> None:
+        # A write: after the session's previous write has ended; told whether that one's outcome is unknown.
+        await self._chains.run(session_id, functools.partial(fn, *args))
 
     # -- reads -------------------------------------------------------------------------------------------
 
@@ -195,14 +203,14 @@ class PostgresBackend:
                     f'session "{session_id}" cannot materialize before its inherited prefix is complete'
                 )
             rows = [self._codec.encode(e) for e in events]
-            await self._run(self._store.append, storage, rows, 0, True)
+            await self._write(session_id, self._store.append, storage, rows, 0, True)
             return
         if not events:
             return
         first = events[0].seq
         check_contiguous(session_id, first, events)
         rows = [self._codec.encode(e) for e in events]
-        await self._run(self._store.append, storage, rows, first, False)
+        await self._write(session_id, self._store.append, storage, rows, first, False)
 
     async def commit_repair(
         self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]
@@ -216,14 +224,14 @@ class PostgresBackend:
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Insert a header-only session row; refuses an id that is already stored."""
-        await self._run(self._store.append, storage, [], 0, True)
+        await self._write(storage.meta.id, self._store.append, storage, [], 0, True)
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         """Replace the whole log with ``events`` (contiguous from 0) in one transaction; header and cut kept."""
         session_id = storage.meta.id
         check_contiguous(session_id, 0, events)
         rows = [self._codec.encode(e) for e in events]
-        await self._run(self._store.rewrite, session_id, rows)
+        await self._write(session_id, self._store.rewrite, session_id, rows)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -241,7 +249,7 @@ class PostgresBackend:
         """Remove the session and its events in one transaction (only at ``expected_revision`` if given)."""
         lease = await self.acquire_writer_lease(SessionHeader(id=session_id, created_at=0))
         try:
-            await self._run(self._store.delete, session_id, expected_revision)
+            await self._write(session_id, self._store.delete, session_id, expected_revision)
         finally:
             await lease.release()
 
@@ -253,7 +261,7 @@ class PostgresBackend:
         session_id = storage.meta.id
         check_contiguous(session_id, 0, events)
         rows = [self._codec.encode(e) for e in events]
-        await self._run(self._store.rewrite, session_id, rows, expected_revision)
+        await self._write(session_id, self._store.rewrite, session_id, rows, expected_revision)
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> AdvisoryLease | NoLease:
         """The session's writer lease: a no-op unless ``writer_lease=True``, then an advisory lock.
@@ -265,7 +273,10 @@ class PostgresBackend:
         if not self._writer_lease:
             return NoLease()
         await self._run(self._store.start)
-        lease = await self._run(acquire_advisory_lease, self._connections, self._tables.schema_name, meta.id)
+        # Not abandoned: a lease taken after its caller left would never be released (connect_timeout bounds it).
+        lease = await anyio.to_thread.run_sync(
+            acquire_advisory_lease, self._connections, self._tables.schema_name, meta.id
+        )
         self._leases = [held for held in self._leases if held.held] + [lease]
         return lease
 
@@ -277,7 +288,7 @@ class PostgresBackend:
         with anyio.CancelScope(shield=True):
             for lease in self._leases:  # leases the coordinator did not release end with the backend
                 await lease.release()
-            await self._run(self._store.close)
+            await anyio.to_thread.run_sync(self._store.close)
 
     def __repr__(self) -> str:
         return f"PostgresBackend(schema={self._tables.schema_name!r})"

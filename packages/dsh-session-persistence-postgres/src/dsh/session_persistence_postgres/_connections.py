@@ -21,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import math
 import os
 import select
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -41,8 +43,41 @@ __all__ = ["Connections", "Lost", "NotSent", "is_retryable_connect_error", "serv
 
 Conn = Connection[TupleRow]
 
-#: libpq's connect_timeout when neither the connection string nor the keyword arguments set one.
+#: libpq's connect_timeout when neither the connection string nor the keyword arguments set one (lowered to the
+#: client deadline when that is shorter: a connection attempt is bounded like a round trip).
 DEFAULT_CONNECT_TIMEOUT = 10
+
+#: libpq treats a connect_timeout below 2 seconds as 2.
+_MIN_CONNECT_TIMEOUT = 2
+
+
+def connect_timeout_for(client_deadline: float | None) -> int:
+    """The default connect_timeout: 10 s, or the client deadline rounded up if that is shorter (at least 2 s)."""
+    if client_deadline is None:
+        return DEFAULT_CONNECT_TIMEOUT
+    return max(_MIN_CONNECT_TIMEOUT, min(DEFAULT_CONNECT_TIMEOUT, math.ceil(client_deadline)))
+
+
+class _ConnectFailures:
+    """The last error of the pool's own connection attempts (cleared by a success): the real reason of a pool
+    timeout."""
+
+    last: psycopg.Error | None = None
+
+
+def _recording_connection_class(failures: _ConnectFailures) -> type[Connection[Any]]:
+    class RecordingConnection(Connection[Any]):
+        @classmethod
+        def connect(cls, *args: Any, **kwargs: Any) -> Any:
+            try:
+                conn = super().connect(*args, **kwargs)
+            except psycopg.Error as exc:
+                failures.last = exc
+                raise
+            failures.last = None
+            return conn
+
+    return RecordingConnection
 
 
 class NotSent(Exception):
@@ -227,7 +262,12 @@ class Connections:
     ) -> None:
         self._external = pool is not None
         self._pool_timeout = pool_timeout
+        self._max_size = max_size if pool is None else pool.max_size
         self._watchdog = _Watchdog(client_deadline)
+        self._connect_failures = _ConnectFailures()
+        #: Called once on every connection before its first use (the durability check); may raise to refuse it.
+        self.on_new_connection: Callable[[Conn], None] | None = None
+        self._checked: weakref.WeakSet[Conn] = weakref.WeakSet()
         if pool is not None:
             # psycopg_pool >= 3.3 accepts callables for both; they are evaluated when a connection is made.
             found_conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
@@ -239,12 +279,13 @@ class Connections:
             params = dict(kwargs)
             params.setdefault("autocommit", True)
             if "connect_timeout" not in params and "connect_timeout" not in conninfo_to_dict(conninfo):
-                params["connect_timeout"] = DEFAULT_CONNECT_TIMEOUT
+                params["connect_timeout"] = connect_timeout_for(client_deadline)
             self._conninfo = conninfo
             self._kwargs = params
             self._pool = ConnectionPool(
                 conninfo,
                 kwargs=params,
+                connection_class=_recording_connection_class(self._connect_failures),
                 min_size=min_size,
                 max_size=max_size,
                 open=False,
@@ -252,11 +293,31 @@ class Connections:
                 name=name,
             )
         self._opened = False
+        self._configured_connect_timeout = self._read_connect_timeout()
 
-    def connect_direct(self, **extra: Any) -> Conn:
-        """One connection outside the pool (the first contact, so its real error surfaces at once)."""
+    def _connect_timeout(self) -> int | None:
+        """The connect_timeout the connections are made with (``None``: libpq's default, no bound)."""
+        return self._configured_connect_timeout
+
+    def _read_connect_timeout(self) -> int | None:
         try:
-            conn: Conn = psycopg.connect(self._conninfo, **{**self._kwargs, "autocommit": True, **extra})
+            found = self._kwargs.get("connect_timeout", conninfo_to_dict(self._conninfo).get("connect_timeout"))
+            return None if found is None else int(found)
+        except (TypeError, ValueError, psycopg.Error):
+            return None
+
+    def connect_direct(self, wait: float | None = None, **extra: Any) -> Conn:
+        """One connection outside the pool (the first contact, so its real error surfaces at once; a lease).
+
+        ``wait`` (seconds left to the caller's retry deadline) lowers libpq's connect_timeout to fit in it.
+        """
+        params = {**self._kwargs, "autocommit": True, **extra}
+        configured = self._connect_timeout()
+        if wait is not None:
+            fits = max(_MIN_CONNECT_TIMEOUT, math.ceil(wait))
+            params["connect_timeout"] = fits if configured is None or configured <= 0 else min(configured, fits)
+        try:
+            conn: Conn = psycopg.connect(self._conninfo, **params)
         except psycopg.Error as exc:
             raise NotSent(exc, is_retryable_connect_error(exc)) from exc
         return conn
@@ -267,34 +328,44 @@ class Connections:
             self._pool.open(wait=False)
             self._opened = True
 
-    def _direct_after_timeout(self, timeout: PoolTimeout) -> Conn:
-        """No pooled connection came: connect directly, to use it now or to report the real error.
+    def _pool_timed_out(self, timeout: PoolTimeout) -> NotSent:
+        """No pooled connection came within the wait: report the real reason, never open one beside the pool.
 
-        The pool waits between reconnection attempts after failures (a restart), so a direct connection also
-        gets an operation going as soon as the server is back; it is closed after this one use.
+        A connection opened outside the pool would break ``max_size`` (30 callers waiting on a row lock would
+        open 30 server connections); so the caller retries within its ``retry_timeout`` instead. The reason is
+        the pool's last failed connection attempt (the server is down, refusing...) if there is one, else the
+        pool was busy.
         """
-        try:
-            conn: Conn = psycopg.connect(self._conninfo, **self._kwargs)
-        except psycopg.Error as exc:
-            raise NotSent(exc, is_retryable_connect_error(exc)) from timeout
-        return conn
+        failed = self._connect_failures.last
+        if failed is not None:
+            return NotSent(failed, is_retryable_connect_error(failed))
+        busy = PoolTimeout(f"all {self._max_size} pooled connections stayed busy for the wait ({timeout})")
+        return NotSent(busy, True)
 
     def _acquire(self, wait: float | None) -> tuple[Conn, bool]:
-        """A usable connection and whether it came from the pool."""
-        timeout = self._pool_timeout if wait is None else max(0.01, min(wait, self._pool_timeout))
+        """A usable connection and whether it came from the pool.
+
+        The wait is ``wait`` (what is left of the caller's retry deadline) but never less than one connection
+        attempt may take (the connect timeout, within ``pool_timeout``): a pool replacing a connection the server
+        closed, or reconnecting after a restart, gets the time to do it.
+        """
+        floor = min(self._pool_timeout, float(self._connect_timeout() or DEFAULT_CONNECT_TIMEOUT))
+        timeout = self._pool_timeout if wait is None else min(self._pool_timeout, max(wait, floor))
         for _attempt in range(64):
             try:
                 conn: Conn = self._pool.getconn(timeout=timeout)
             except PoolTimeout as exc:
-                return self._direct_after_timeout(exc), False
+                raise self._pool_timed_out(exc) from exc
             except PoolClosed as exc:
                 raise NotSent(exc, False) from exc
             if not is_stale(conn):
                 return conn, True
-            # Closed by the server while idle (a restart): drop it; the pool makes a fresh one.
+            # Closed by the server while idle (a restart): drop it; the pool makes a fresh one. Nothing was sent,
+            # so waiting for the replacement spends no retry: it gets the whole pool_timeout.
             with contextlib.suppress(psycopg.Error):
                 conn.close()
             self._pool.putconn(conn)
+            timeout = self._pool_timeout
         raise NotSent(OSError("no usable connection: every pooled connection was closed by the server"), True)
 
     @contextlib.contextmanager
@@ -306,13 +377,14 @@ class Connections:
         Raises :class:`NotSent` if none could be had and :class:`Lost` if it broke while in use; psycopg's
         server errors pass through (the connection is rolled back to idle first).
         """
-        conn, pooled = (self.connect_direct(), False) if direct else self._acquire(wait)
+        conn, pooled = (self.connect_direct(wait), False) if direct else self._acquire(wait)
         restore_autocommit = False
         try:
             if not conn.autocommit:
                 conn.autocommit = True
                 restore_autocommit = True
             with self._watchdog.guard(conn) as state:
+                self._check_new(conn)
                 try:
                     yield conn
                 except psycopg.Error as exc:
@@ -332,6 +404,28 @@ class Connections:
                 self._pool.putconn(conn)
             else:
                 conn.close()
+
+    def _check_new(self, conn: Conn) -> None:
+        """Run :attr:`on_new_connection` on a connection's first use; a refused or failing one is closed.
+
+        Each connection is a new server session whose settings (``ALTER DATABASE ... SET``, ``ALTER ROLE``, a
+        reloaded ``postgresql.conf``) may differ from the last one's, so the check is per connection, not once.
+        """
+        check = self.on_new_connection
+        if check is None or conn in self._checked:
+            return
+        try:
+            check(conn)
+        except psycopg.Error as exc:
+            # Nothing of the caller's was sent yet.
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise NotSent(exc, _connection_failed(conn, exc) or is_retryable_connect_error(exc)) from exc
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
+        self._checked.add(conn)
 
     def close(self) -> None:
         """Close the owned pool (a caller's pool stays open: it belongs to the caller)."""

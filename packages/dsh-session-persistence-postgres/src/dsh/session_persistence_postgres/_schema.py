@@ -11,8 +11,13 @@ Four objects live in one PostgreSQL schema (``public`` unless the backend is giv
 * ``dsh_events``: one row per event, keyed by ``(session_id, seq)``, the compact JSON line or its zstd frame.
 
 Creation runs under a transaction-scoped advisory lock, so processes starting together create it once. A schema
-newer than this build is refused with :class:`SchemaVersionError`; nothing is ever dropped or altered (a missing
-index is added).
+newer than this build is refused with :class:`SchemaVersionError`; nothing is ever dropped. A store created by 0.1
+(same schema version) is upgraded in place at the first start: ``updated_at``, the listing indexes and two
+activity triggers are added, and every session whose last activity is unknown is stamped with the upgrade's time.
+
+The triggers keep ``updated_at`` true for writers that do not set it (a 0.1 process still appending to an upgraded
+store): an insert that leaves it 0 and an update that moves ``next_seq`` without setting it get the server's
+clock. Without them a live session written by a 0.1 writer would list as ancient, and ``prune`` would delete it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from psycopg.rows import TupleRow
 
 from ._errors import PostgresConfigurationError, SchemaVersionError
 
-__all__ = ["MAX_IDENTIFIER_BYTES", "SCHEMA_VERSION", "Tables", "ensure_schema", "quote_identifier"]
+__all__ = ["MAX_IDENTIFIER_BYTES", "NOW_MS", "SCHEMA_VERSION", "Tables", "ensure_schema", "quote_identifier"]
 
 #: The schema version this build creates and reads.
 SCHEMA_VERSION = 1
@@ -36,6 +41,13 @@ MAX_IDENTIFIER_BYTES = 63
 _LOCK_CLASS = 0x64736800
 
 _Conn = Connection[TupleRow]
+
+#: The triggers that stamp activity a writer did not record (a 0.1 writer), by name.
+INSERT_TRIGGER = "dsh_sessions_insert_activity"
+UPDATE_TRIGGER = "dsh_sessions_update_activity"
+
+#: Milliseconds since the epoch of the statement's start: the server's clock, one clock for every writer.
+NOW_MS = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
 
 
 def quote_identifier(name: str) -> str:
@@ -71,6 +83,9 @@ class Tables:
         self.created_index = sql.Identifier("dsh_sessions_created")
         self.recent_index = sql.Identifier("dsh_sessions_recent")
         self.created_at_index = sql.Identifier("dsh_sessions_created_at")
+        self.touch_function = sql.Identifier(schema, "dsh_touch_activity")
+        self.insert_trigger = sql.Identifier(INSERT_TRIGGER)
+        self.update_trigger = sql.Identifier(UPDATE_TRIGGER)
         # nextval() takes the sequence as a regclass literal: the quoted, qualified name as text.
         self.revisions_literal = sql.Literal(f"{quote_identifier(schema)}.{quote_identifier('dsh_revisions')}")
 
@@ -123,6 +138,32 @@ def _index_ddl(t: Tables) -> list[sql.Composed]:
     ]
 
 
+def _activity_ddl(t: Tables) -> list[sql.Composed]:
+    """The activity triggers, then the unknown activity of existing rows stamped with now (never "long ago").
+
+    The insert trigger covers a writer that leaves the column to its default (0); the update trigger a writer
+    that moves ``next_seq`` (an append, a truncation) without touching ``updated_at``. The backend's own writes
+    always set it, and a compaction keeps ``next_seq``, so neither trigger changes what they record.
+    """
+    return [
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN NEW.updated_at := " + NOW_MS + "; RETURN NEW; END$$"
+        ).format(fn=t.touch_function),
+        sql.SQL(
+            "CREATE TRIGGER {name} BEFORE INSERT ON {sessions} FOR EACH ROW WHEN (NEW.updated_at = 0)"
+            " EXECUTE FUNCTION {fn}()"
+        ).format(name=t.insert_trigger, sessions=t.sessions, fn=t.touch_function),
+        sql.SQL(
+            "CREATE TRIGGER {name} BEFORE UPDATE ON {sessions} FOR EACH ROW"
+            " WHEN (NEW.next_seq IS DISTINCT FROM OLD.next_seq AND NEW.updated_at = OLD.updated_at)"
+            " EXECUTE FUNCTION {fn}()"
+        ).format(name=t.update_trigger, sessions=t.sessions, fn=t.touch_function),
+        # Rows a writer never stamped (0.1's, or 0.2's upgrade of them): their last activity was at the latest now.
+        sql.SQL("UPDATE {sessions} SET updated_at = " + NOW_MS + " WHERE updated_at = 0").format(sessions=t.sessions),
+    ]
+
+
 def _exists(conn: _Conn, query: str, *params: str) -> bool:
     row = conn.execute(query, params).fetchone()
     return row is not None and bool(row[0])
@@ -139,6 +180,17 @@ def _relation_exists(conn: _Conn, schema: str, name: str) -> bool:
     )
 
 
+def _trigger_exists(conn: _Conn, schema: str, name: str) -> bool:
+    return _exists(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = 'dsh_sessions' AND tg.tgname = %s)",
+        schema,
+        name,
+    )
+
+
 def ensure_schema(conn: _Conn, t: Tables) -> str:
     """Create the schema if absent, refuse one of another version; return the store id.
 
@@ -149,7 +201,7 @@ def ensure_schema(conn: _Conn, t: Tables) -> str:
         if not _exists(conn, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s)", t.schema_name):
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(t.schema))
         if not _relation_exists(conn, t.schema_name, "dsh_schema"):
-            for statement in [*_ddl(t), *_index_ddl(t)]:
+            for statement in [*_ddl(t), *_index_ddl(t), *_activity_ddl(t)]:
                 conn.execute(statement)
             store_id = uuid.uuid4().hex
             conn.execute(
@@ -161,9 +213,10 @@ def ensure_schema(conn: _Conn, t: Tables) -> str:
         if (
             found is not None
             and int(found[0]) == SCHEMA_VERSION
-            and not _relation_exists(conn, t.schema_name, "dsh_sessions_created_at")
+            and not _trigger_exists(conn, t.schema_name, UPDATE_TRIGGER)
         ):
-            for statement in _index_ddl(t):  # stores created by 0.1 lack the listing column and indexes
+            # A store created by 0.1 (or upgraded by 0.2, which added only the column and indexes).
+            for statement in [*_index_ddl(t), *_activity_ddl(t)]:
                 conn.execute(statement)
     if found is None:
         raise SchemaVersionError(f'dsh schema in "{t.schema_name}" has no version row', 0)

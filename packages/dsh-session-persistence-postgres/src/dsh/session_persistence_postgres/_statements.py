@@ -13,12 +13,10 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from ._schema import Tables
+from ._schema import NOW_MS, Tables
 
 __all__ = ["Statements", "list_page_query"]
 
-# Milliseconds since the epoch of the statement's start (the server's clock: one clock for every writer).
-_NOW_MS = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
 
 _EVENTS_FROM_ARRAYS = (
     "unnest(%(seqs)s::bigint[], %(flags)s::boolean[], %(bodies)s::bytea[]) AS u(seq, compressed, body)"
@@ -58,7 +56,7 @@ class Statements:
                 "WITH r AS (SELECT nextval({rev}) AS v), "
                 "s AS (INSERT INTO {sessions}"
                 " (id, header, inherited_event_count, next_seq, revision, created_revision, updated_at)"
-                " SELECT %(id)s, %(header)s::json, %(cut)s, %(n)s, r.v, r.v, " + _NOW_MS + " FROM r"
+                " SELECT %(id)s, %(header)s::json, %(cut)s, %(n)s, r.v, r.v, " + NOW_MS + " FROM r"
                 " ON CONFLICT (id) DO NOTHING RETURNING id), "
                 "e AS (INSERT INTO {events} (session_id, seq, compressed, body)"
                 " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
@@ -67,7 +65,7 @@ class Statements:
             # Later batches: compare-and-set next_seq (row lock held to commit), then the events.
             append=q(
                 "WITH s AS (UPDATE {sessions} SET next_seq = next_seq + %(n)s, revision = nextval({rev}),"
-                " updated_at = " + _NOW_MS + ""
+                " updated_at = " + NOW_MS + ""
                 " WHERE id = %(id)s AND next_seq = %(first)s RETURNING id), "
                 "e AS (INSERT INTO {events} (session_id, seq, compressed, body)"
                 " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
@@ -88,7 +86,7 @@ class Statements:
             # revision check): rows past the new end are deleted, the others inserted or overwritten.
             rewrite=q(
                 "WITH s AS (UPDATE {sessions} SET next_seq = %(n)s, revision = nextval({rev}),"
-                " updated_at = CASE WHEN %(touch)s THEN " + _NOW_MS + " ELSE updated_at END"
+                " updated_at = CASE WHEN %(touch)s THEN " + NOW_MS + " ELSE updated_at END"
                 " WHERE id = %(id)s AND (%(expected)s::bigint IS NULL OR revision = %(expected)s::bigint)"
                 " RETURNING id), "
                 "d AS (DELETE FROM {events} WHERE session_id IN (SELECT id FROM s) AND seq >= %(n)s RETURNING 1), "

@@ -1,7 +1,9 @@
 """The backend primitives as blocking calls on sync psycopg connections (run in worker threads).
 
 Each primitive is one message (see :func:`one_message_transaction`): ``BEGIN``, its timeouts (``SET LOCAL``
-through ``set_config``), its statements and ``COMMIT`` go out together and cost one round trip. Reads run in one
+through ``set_config``), its statements and ``COMMIT`` go out together and cost one round trip. No primitive uses
+a plain ``execute``, which psycopg turns into a server-side prepared statement after five uses (fatal behind a
+transaction-mode pooler: the next client on that server connection finds the name taken). Reads run in one
 repeatable-read snapshot, so a concurrent commit is seen wholly or not at all.
 """
 
@@ -89,6 +91,21 @@ def _arrays(rows: Sequence[Row]) -> dict[str, Any]:
     }
 
 
+def _cas_refused(session_id: str, snapshot_next_seq: int, first: int) -> str:
+    """The message of a refused compare-and-set, true in both cases it covers.
+
+    ``snapshot_next_seq`` is read in the statement's snapshot, taken before the statement waited for the row lock:
+    when it equals ``first`` the batch was in line when sent, and another writer's commit moved the row on while
+    this one waited (its next_seq is newer than the snapshot can show).
+    """
+    if snapshot_next_seq == first:
+        return (
+            f'append seq mismatch for "{session_id}": another writer stored seq {first} first (the stored log moved '
+            "on while this batch waited for the session row)"
+        )
+    return f'append seq mismatch for "{session_id}": expected {snapshot_next_seq} at index 0, got {first}'
+
+
 def _weakened(fsync: str, synchronous_commit: str) -> dict[str, str]:
     weak = {}
     if fsync != "on":
@@ -113,6 +130,8 @@ class SyncStore:
         self._start_lock = threading.Lock()
         self._store_id: str | None = None
         self._closed = False
+        self._warned: set[str] = set()
+        connections.on_new_connection = self.check_durability
 
     # -- start ------------------------------------------------------------------------------------------
 
@@ -132,20 +151,32 @@ class SyncStore:
             return self._store_id
 
     def _start_on(self, conn: Conn) -> str:
-        row = conn.execute(self._sql.settings).fetchone()
+        # The durability settings were checked on this connection's first use (check_durability).
+        return ensure_schema(conn, self._tables)
+
+    def check_durability(self, conn: Conn) -> None:
+        """Refuse (or warn about) a connection whose server session runs with weakened durability.
+
+        Run on every new connection, not once: ``ALTER DATABASE ... SET synchronous_commit = off`` or a reloaded
+        ``postgresql.conf`` changes what later sessions run with, so the first connection proves nothing about
+        the next. The warning for an accepted weak setting is logged once per backend.
+        """
+        row = psycopg.ClientCursor(conn).execute(self._sql.settings).fetchone()
         fsync, synchronous_commit = (str(row[0]), str(row[1])) if row is not None else ("?", "?")
         weak = _weakened(fsync, synchronous_commit)
-        if weak:
-            listed = ", ".join(f"{name}={value}" for name, value in weak.items())
-            if not self._settings.allow_weak_durability:
-                raise WeakDurabilityError(
-                    f"the PostgreSQL server runs with {listed}: it acknowledges commits that a crash can lose, so "
-                    "acknowledged session events would not be durable. Fix the server setting (fsync=on, "
-                    "synchronous_commit=on or stronger), or pass allow_weak_durability=True to accept the risk",
-                    weak,
-                )
+        if not weak:
+            return
+        listed = ", ".join(f"{name}={value}" for name, value in weak.items())
+        if not self._settings.allow_weak_durability:
+            raise WeakDurabilityError(
+                f"the PostgreSQL server runs with {listed}: it acknowledges commits that a crash can lose, so "
+                "acknowledged session events would not be durable. Fix the server setting (fsync=on, "
+                "synchronous_commit=on or stronger), or pass allow_weak_durability=True to accept the risk",
+                weak,
+            )
+        if listed not in self._warned:
+            self._warned.add(listed)
             _log.warning("PostgreSQL runs with %s: acknowledged events may be lost in a crash", listed)
-        return ensure_schema(conn, self._tables)
 
     def close(self) -> None:
         with self._start_lock:
@@ -190,14 +221,14 @@ class SyncStore:
 
     def revision(self, session_id: str) -> str | None:
         store_id = self.start()
-        row = self._retry.read(
-            "read revision", lambda conn: conn.execute(self._sql.revision, {"id": session_id}).fetchone()
+        (rows,) = self._retry.read(
+            "read revision", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.revision, {"id": session_id})])
         )
-        return None if row is None else f"{store_id}:{row[0]}"
+        return None if not rows else f"{store_id}:{rows[0][0]}"
 
     def snapshots(self) -> list[tuple[SessionHeader, str]]:
         store_id = self.start()
-        rows = self._retry.read("list", lambda conn: conn.execute(self._sql.snapshots).fetchall())
+        (rows,) = self._retry.read("list", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.snapshots, {})]))
         listed = []
         for sid, text, rev in rows:
             try:
@@ -211,8 +242,14 @@ class SyncStore:
 
     # -- writes -----------------------------------------------------------------------------------------
 
-    def append(self, storage: StorageMetadata, rows: Sequence[Row], first: int, create: bool) -> None:
-        """Store ``rows`` (seqs ``first...``): as the session's first batch (``create``) or a later one."""
+    def append(
+        self, storage: StorageMetadata, rows: Sequence[Row], first: int, create: bool, *, after_unknown: bool = False
+    ) -> None:
+        """Store ``rows`` (seqs ``first...``): as the session's first batch (``create``) or a later one.
+
+        ``after_unknown``: the session's previous write was abandoned by its caller after it was sent; these rows
+        are read back first (a caller retrying the batch it abandoned finds it stored, and nothing is sent).
+        """
         self.start()
         session_id = storage.meta.id
         header: str | None = None
@@ -234,13 +271,13 @@ class SyncStore:
                 raise SessionAlreadyExistsError(f'session "{session_id}" already has a persisted log')
             if result[2] is None:
                 raise SessionNotFoundError(session_id)
-            raise SeqMismatchError(
-                f'append seq mismatch for "{session_id}": expected {result[2]} at index 0, got {first}'
-            )
+            raise SeqMismatchError(_cas_refused(session_id, int(result[2]), first))
 
         def settle(conn: Conn) -> Outcome:
             return self._settle_append(conn, session_id, rows, first, header, create)
 
+        if after_unknown and self._retry.read("append (read-back)", settle) is Outcome.STORED:
+            return
         try:
             self._retry.write("append", attempt, settle)
         except SessionStorageError as exc:
@@ -287,10 +324,13 @@ class SyncStore:
                 return False
         return True
 
-    def rewrite(self, session_id: str, rows: Sequence[Row], expected_revision: str | None = None) -> None:
+    def rewrite(
+        self, session_id: str, rows: Sequence[Row], expected_revision: str | None = None, *, after_unknown: bool = False
+    ) -> None:
         """Replace the log with ``rows`` (seqs from 0), header and cut kept; idempotent, so simply retried.
 
-        With ``expected_revision`` (compaction) nothing is written unless the session is still at it.
+        With ``expected_revision`` (compaction) nothing is written unless the session is still at it. Idempotent
+        and revision-checked, so an abandoned write before it needs no read-back (``after_unknown`` is unused).
         """
         store_id = self.start()
         expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
@@ -322,16 +362,17 @@ class SyncStore:
         return int(number)
 
     def _exists(self, conn: Conn, session_id: str) -> bool:
-        return conn.execute(self._sql.revision, {"id": session_id}).fetchone() is not None
+        (rows,) = self._transaction(conn, _SNAPSHOT, [(self._sql.revision, {"id": session_id})])
+        return bool(rows)
 
     def _rows_now(self, conn: Conn, session_id: str) -> list[tuple[Any, ...]] | None:
         params = {"id": session_id, "from": 0}
-        if conn.execute(self._sql.head, params).fetchone() is None:
-            return None
-        return conn.execute(self._sql.events_from, params).fetchall()
+        head, rows = self._transaction(conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
+        return None if not head else rows
 
-    def delete(self, session_id: str, expected_revision: str | None) -> None:
-        """Remove the session row (its events cascade) in one transaction."""
+    def delete(self, session_id: str, expected_revision: str | None, *, after_unknown: bool = False) -> None:
+        """Remove the session row (its events cascade) in one transaction (idempotent and revision-checked, so an
+        abandoned write before it needs no read-back: ``after_unknown`` changes nothing, as for :meth:`rewrite`)."""
         store_id = self.start()
         expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
         params = {"id": session_id, "expected": expected}
@@ -356,7 +397,7 @@ class SyncStore:
         statement, params = list_page_query(
             self._tables, query.order, after, query.cwd, query.parent, query.since, query.limit
         )
-        rows = self._retry.read("list page", lambda conn: conn.execute(statement, params).fetchall())
+        (rows,) = self._retry.read("list page", lambda conn: self._transaction(conn, _SNAPSHOT, [(statement, params)]))
         page = []
         for sid, text, rev, updated_at in rows:
             try:

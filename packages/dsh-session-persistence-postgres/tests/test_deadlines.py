@@ -1,0 +1,111 @@
+"""A caller's deadline (``anyio.fail_after``) bounds every call: the caller leaves at its deadline, the write it
+abandoned goes on (bounded by the backend's own timeouts) and is settled before the session's next write.
+
+Each test holds a fault that never ends by itself (a row lock held by the test, a black-holed network): a call
+that waited for its thread would hang there, so the outer ``fail_after`` is a safety net for that hang, never a
+timing assertion. That the caller left *at its deadline* is asserted by its outcome: ``TimeoutError`` from its
+own scope while the fault is still held.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import anyio
+import anyio.to_thread
+import psycopg
+import pytest
+from dsh.session_persistence import PersistenceCoordinator
+from dsh.session_persistence.backend import StorageMetadata
+from dsh.session_persistence.testing import ConformanceRig, meta, one_turn_log, simple_turn
+from dsh.session_persistence_postgres import PostgresBackend
+
+from ._proxy import PgProxy
+
+pytestmark = pytest.mark.anyio
+
+SAFETY_NET = 120  # seconds: a hang fails the test instead of blocking the run; never reached when it passes
+
+
+@pytest.fixture
+def schema(fresh_schema: Callable[[], str]) -> str:
+    return fresh_schema()
+
+
+async def _stored(dsn: str, schema: str, session_id: str) -> list[object] | None:
+    backend = PostgresBackend(dsn, schema=schema)
+    try:
+        stored = await backend.load_stored(session_id)
+    finally:
+        await backend.aclose()
+    return None if stored is None else list(stored.events)
+
+
+async def _lock_row(dsn: str, schema: str, session_id: str) -> psycopg.Connection[object]:
+    holder: psycopg.Connection[object] = await anyio.to_thread.run_sync(psycopg.connect, dsn)  # type: ignore[arg-type]
+    query = f'SELECT 1 FROM "{schema}".dsh_sessions WHERE id = %s FOR UPDATE'.encode()
+    await anyio.to_thread.run_sync(holder.execute, query, (session_id,))
+    return holder
+
+
+async def test_a_deadline_releases_the_caller_and_the_abandoned_write_is_settled_first(
+    postgres_dsn: str, schema: str
+) -> None:
+    """An append waiting on a row lock: the caller leaves at its deadline; the append goes on and commits when
+    the lock is released; the caller's retry of the same batch waits for it and finds it stored (read back), so
+    it is acknowledged once, not refused as a seq mismatch nor stored twice."""
+    storage = StorageMetadata(meta("dl"))
+    backend = PostgresBackend(postgres_dsn, schema=schema, lock_timeout=None)
+    try:
+        await backend.append_batch(storage, one_turn_log(), False)
+        holder = await _lock_row(postgres_dsn, schema, "dl")
+        try:
+            with anyio.fail_after(SAFETY_NET):
+                with pytest.raises(TimeoutError):
+                    with anyio.fail_after(0.5):
+                        await backend.append_batch(storage, simple_turn(6, 2), True)
+                async with anyio.create_task_group() as tg:
+                    # The retry is sent while the lock is still held: it must wait for the abandoned write.
+                    tg.start_soon(backend.append_batch, storage, simple_turn(6, 2), True)
+                    await anyio.sleep(0.2)
+                    await anyio.to_thread.run_sync(holder.rollback)
+                await backend.append_batch(storage, simple_turn(9, 3), True)
+        finally:
+            await anyio.to_thread.run_sync(holder.close)
+    finally:
+        await backend.aclose()
+    assert await _stored(postgres_dsn, schema, "dl") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)
+
+
+async def test_a_deadline_bounds_calls_on_a_black_holed_network(
+    proxy: PgProxy, proxy_dsn: str, postgres_dsn: str, schema: str
+) -> None:
+    """Every connection black-holed, new ones too (connects hang): an append and a load both end at the caller's
+    deadline, though each reconnect could wait libpq's connect_timeout; once the network is back the abandoned
+    append is settled before the next write and the log holds each batch once."""
+    storage = StorageMetadata(meta("bh"))
+    backend = PostgresBackend(
+        proxy_dsn, schema=schema, client_timeout=1, retry_timeout=1, statement_timeout=0.5, min_size=1, max_size=1
+    )
+    try:
+        await backend.append_batch(storage, one_turn_log(), False)
+        proxy.blackhole_new = True
+        assert proxy.blackhole() >= 1
+        with anyio.fail_after(SAFETY_NET):
+            with pytest.raises(TimeoutError):
+                with anyio.fail_after(2):
+                    await backend.append_batch(storage, simple_turn(6, 2), True)
+            with pytest.raises(TimeoutError):
+                with anyio.fail_after(2):
+                    await backend.load_stored("bh")
+            proxy.blackhole_new = False
+            proxy.close_all()
+            # The abandoned append either committed or not; the retry of the same batch is acknowledged once.
+            await backend.append_batch(storage, simple_turn(6, 2), True)
+            await backend.append_batch(storage, simple_turn(9, 3), True)
+    finally:
+        proxy.blackhole_new = False
+        proxy.close_all()
+        await backend.aclose()
+    assert await _stored(postgres_dsn, schema, "bh") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)
