@@ -32,7 +32,7 @@ from typing import Any
 import anyio
 from dsh.session_persistence import Host, PersistenceCoordinator, Session, SessionStore
 from dsh.session_persistence.backend import SessionEvent, encode_event
-from dsh.session_persistence.loop import AgentLoop
+from dsh.session_persistence.loop import AgentLoop, TurnResult
 from dsh.session_persistence.testing import FaultRule, ScriptedAdapter, TextResponse, fault_spec, meta, simple_turn
 from dsh.session_persistence_jsonl import JsonlBackend
 
@@ -61,6 +61,12 @@ def outcome(exc: BaseException | None) -> dict[str, Any]:
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
     }
+
+
+def completed(result: TurnResult) -> None:
+    """A turn that did not complete is a failed step (the loop reports a flush failure in the turn's result)."""
+    if result.reason.kind != "completed":
+        raise RuntimeError(f"the resumed turn ended {result.reason}")
 
 
 def adapter() -> ScriptedAdapter:
@@ -133,9 +139,7 @@ async def run(args: argparse.Namespace, report: dict[str, Any]) -> None:
                 resumed = loop
 
                 async def turn() -> None:
-                    result = await resumed.run_turn("and now?")
-                    if result.reason.kind != "completed":
-                        raise RuntimeError(f"the resumed turn ended {result.reason}")
+                    completed(await resumed.run_turn("and now?"))
 
                 await step("turn", turn)
                 await step("flush-after-turn", lambda: store.flush(live))
