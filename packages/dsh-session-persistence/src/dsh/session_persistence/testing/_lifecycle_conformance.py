@@ -461,7 +461,14 @@ class LifecycleConformance:
         await self._aged(conformance)
         async with conformance.open() as p:
             session = p.store.create("s90", seed=one_turn_log(), meta=meta("s90", WORK))
+            # Going live writes (the seed's session/end-seed marker), which moves s90's activity to now. Racing
+            # that write, the listing sometimes saw s90 as recent and did not select it. So: let the write land,
+            # then age s90 again; the live session then writes nothing more and is selected, deterministically.
+            await p.store.flush(session)
+            async with conformance.backend() as backend:
+                await self.set_activity(backend, "s90", NOW_MS - 90 * DAY_MS)
             report = await p.persistence.prune(older_than=timedelta(days=30), dry_run=False, now=NOW_MS)
+            assert [row.id for row in report.selected] == ["s40", "s50", "s90"], "the live session was selected"
             assert report.deleted == ("s40", "s50")
             assert [sid for sid, _why in report.skipped] == ["s90"]
             assert "live" in report.skipped[0][1]
