@@ -34,7 +34,9 @@ from typing import ClassVar, TypeVar
 import anyio
 import anyio.to_thread
 from dsh.session_persistence.backend import (
+    RawArtifact,
     SessionAlreadyExistsError,
+    SessionChangedError,
     SessionEvent,
     SessionHeader,
     SessionLocation,
@@ -53,7 +55,11 @@ from dsh.session_persistence.backend import (
 
 __all__ = [
     "AckBeforeDurableSqliteBackend",
+    "DeletingSqliteBackend",
     "NoSeqCheckSqliteBackend",
+    "PerSessionRevisionSqliteBackend",
+    "RawTextSqliteBackend",
+    "RerenderedRawSqliteBackend",
     "SqliteBackend",
     "TwoTransactionSqliteBackend",
     "UnshieldedSqliteBackend",
@@ -218,8 +224,12 @@ class SqliteBackend:
         header = json.dumps(header_to_builtins(storage.meta), separators=(",", ":"))
         db.execute(
             "INSERT INTO sessions VALUES (?, ?, ?, ?)",
-            (session_id, header, storage.inherited_event_count, self._bump(db)),
+            (session_id, header, storage.inherited_event_count, self._next_revision(db, session_id)),
         )
+
+    def _next_revision(self, db: sqlite3.Connection, session_id: str) -> int:
+        """The number of the session's next revision: one store-wide counter, so no number ever comes back."""
+        return self._bump(db)
 
     def _next_seq(self, db: sqlite3.Connection, session_id: str) -> int:
         row = db.execute("SELECT COUNT(*) FROM events WHERE session_id = ?", (session_id,)).fetchone()
@@ -233,7 +243,7 @@ class SqliteBackend:
             raise SessionNotFoundError(session_id)
         self._check_seqs(db, session_id, events)
         db.executemany("INSERT INTO events VALUES (?, ?, ?)", [(session_id, e.seq, encode_event(e)) for e in events])
-        db.execute("UPDATE sessions SET revision = ? WHERE id = ?", (self._bump(db), session_id))
+        db.execute("UPDATE sessions SET revision = ? WHERE id = ?", (self._next_revision(db, session_id), session_id))
 
     def _append_sync(self, storage: StorageMetadata, events: Sequence[SessionEvent], materialized: bool) -> None:
         session_id = storage.meta.id
@@ -280,7 +290,9 @@ class SqliteBackend:
             db.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
             check_contiguous(session_id, 0, batch)
             db.executemany("INSERT INTO events VALUES (?, ?, ?)", [(session_id, e.seq, encode_event(e)) for e in batch])
-            db.execute("UPDATE sessions SET revision = ? WHERE id = ?", (self._bump(db), session_id))
+            db.execute(
+                "UPDATE sessions SET revision = ? WHERE id = ?", (self._next_revision(db, session_id), session_id)
+            )
 
         await self._run_shielded(lambda: self._write(work, f'rewrite session "{session_id}"'))
 
@@ -301,7 +313,7 @@ def _storage_error(action: str, exc: sqlite3.Error, path: str) -> SessionStorage
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Deliberately buggy variants: each passes today's BackendConformance, and the new kit cases catch each.
+# Deliberately buggy variants: each passed the kit before the kit case aimed at it was added.
 
 
 class NoSeqCheckSqliteBackend(SqliteBackend):
@@ -343,3 +355,71 @@ class UnshieldedSqliteBackend(SqliteBackend):
 
     async def _run_shielded(self, func: Callable[[], _T]) -> _T:
         return await anyio.to_thread.run_sync(func, abandon_on_cancel=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Optional primitives the base backend leaves out, correct here (each is the control for the buggy variant
+# below it): raw artifacts and deletion.
+
+
+class RawTextSqliteBackend(SqliteBackend):
+    """Raw artifacts: a session's stored header and event lines, joined as stored (never re-encoded)."""
+
+    supports_raw_artifacts: ClassVar[bool] = True
+
+    def _raw_lines(self, lines: builtins.list[bytes]) -> builtins.list[str]:
+        return [line.decode() for line in lines]
+
+    async def read_raw(self, session_id: str) -> RawArtifact | None:
+        def work(db: sqlite3.Connection) -> RawArtifact | None:
+            if not self._tables_exist(db):
+                return None
+            db.execute("BEGIN")
+            try:
+                row = db.execute("SELECT header, inherited FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                lines = [
+                    bytes(r[0])
+                    for r in db.execute("SELECT line FROM events WHERE session_id = ? ORDER BY seq", (session_id,))
+                ]
+            finally:
+                db.execute("COMMIT")
+            if row is None:
+                return None
+            header = _decode_header(row[0], session_id, self.path)
+            content = "".join(f"{text}\n" for text in [row[0], *self._raw_lines(lines)])
+            return RawArtifact(header, int(row[1]), f"{self.path}#{session_id}", content)
+
+        return await self._run(lambda: self._call(work, f'read the raw log of "{session_id}"'))
+
+
+class RerenderedRawSqliteBackend(RawTextSqliteBackend):
+    """Bug: ``read_raw`` renders the stored JSON again (``json.dumps``) instead of returning the stored bytes: the
+    text looks right, but its separators and escapes are not what is stored."""
+
+    def _raw_lines(self, lines: builtins.list[bytes]) -> builtins.list[str]:
+        return [json.dumps(json.loads(line)) for line in lines]
+
+
+class DeletingSqliteBackend(SqliteBackend):
+    """Deletion: the session row and its events in one transaction, compare-and-swap on the revision."""
+
+    async def delete(self, session_id: str, expected_revision: str | None = None) -> None:
+        def work(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT revision FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if row is None:
+                raise SessionNotFoundError(session_id)
+            if expected_revision is not None and self._revision(db, row[0]) != expected_revision:
+                raise SessionChangedError(session_id)
+            db.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
+            db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+        await self._run_shielded(lambda: self._write(work, f'delete session "{session_id}"'))
+
+
+class PerSessionRevisionSqliteBackend(DeletingSqliteBackend):
+    """Bug: the revision counts the session's own writes (1, 2, ...). It changes on every write, but a session
+    deleted and re-created with the same writes gets its old revisions back."""
+
+    def _next_revision(self, db: sqlite3.Connection, session_id: str) -> int:
+        row = db.execute("SELECT revision FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return 1 if row is None else int(row[0]) + 1

@@ -9,8 +9,12 @@ a subprocess, and checks that exactly the kit case aimed at that bug fails (and 
 | ``TwoTransactionSqliteBackend`` | header and first batch in two transactions | fault inside the first append |
 | ``AckBeforeDurableSqliteBackend`` | ``synchronous=OFF`` | crash states |
 | ``UnshieldedSqliteBackend`` | ``abandon_on_cancel``: returns while the write runs | cancelled write |
+| ``RerenderedRawSqliteBackend`` | ``read_raw`` re-encodes the stored JSON | raw artifact is the stored text |
+| ``PerSessionRevisionSqliteBackend`` | revision counts the session's writes | revision after delete + re-create |
 
-The correct ``SqliteBackend`` passes all of them (``test_sqlite_backend.py``).
+The correct ``SqliteBackend`` passes all of them (``test_sqlite_backend.py``); ``RawTextSqliteBackend`` and
+``DeletingSqliteBackend`` (the same backend with a correct ``read_raw`` or ``delete``) pass the cases that catch
+the last two.
 """
 
 from __future__ import annotations
@@ -90,3 +94,34 @@ def test_each_variant_passes_the_cases_aimed_at_other_bugs(
     result = run_kit(pytester, variant, kit, select)
     assert result.parseoutcomes().get("failed", 0) == 0, result.stdout.str()
     assert result.parseoutcomes().get("passed", 0) > 0, result.stdout.str()
+
+
+def test_rerendered_raw_text_is_caught_by_the_raw_artifact_case(pytester: pytest.Pytester) -> None:
+    result = run_kit(pytester, "RerenderedRawSqliteBackend", "BackendConformance", "read_raw")
+    result.assert_outcomes(failed=2, passed=2)  # the new case on asyncio and trio; the old read_raw case passes
+    result.stdout.fnmatch_lines(["*test_read_raw_is_the_stored_text*", "*does not hold the stored bytes of event 0*"])
+
+
+def test_a_revision_reused_after_delete_is_caught(pytester: pytest.Pytester) -> None:
+    result = run_kit(pytester, "PerSessionRevisionSqliteBackend", "BackendConformance", "revision_never_comes_back")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*gave a revision back after a re-create*"])
+
+
+@pytest.mark.parametrize(
+    ("variant", "select"),
+    [
+        ("RawTextSqliteBackend", "read_raw"),
+        ("DeletingSqliteBackend", "delete or revision"),
+        # Each new case is specific: the other variant's bug does not trip it.
+        ("PerSessionRevisionSqliteBackend", "read_raw or delete_is or delete_refusals"),
+    ],
+)
+def test_the_correct_optional_primitives_pass_the_new_cases(
+    pytester: pytest.Pytester, variant: str, select: str
+) -> None:
+    """A control: the cases fail on the bug, not on the primitive (the correct ``read_raw``/``delete`` pass)."""
+    result = run_kit(pytester, variant, "BackendConformance", select)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0, result.stdout.str()
+    assert outcomes.get("passed", 0) >= 2, result.stdout.str()

@@ -28,11 +28,12 @@ async def test_an_offline_transcript_loads_as_written(tmp_path: Path, compressio
     second = simple_turn(len(first), 2)
     path = transcript_path(str(tmp_path), header.cwd, header.id, compression)  # type: ignore[arg-type]
     os.makedirs(os.path.dirname(path))
-    with open(path, "wb") as fh:
-        fh.write(encode_header_batch(StorageMetadata(header, 0), compression))  # type: ignore[arg-type]
-        fh.write(encode_event_batch(first, compression, pack_chunks=pack_chunks))  # type: ignore[arg-type]
-        lines = encode_storage_lines(second, pack_chunks=pack_chunks)
-        fh.write(encode_storage_batch(second[0].seq, len(second), lines, compression))  # type: ignore[arg-type]
+    lines = encode_storage_lines(second, pack_chunks=pack_chunks)
+    Path(path).write_bytes(
+        encode_header_batch(StorageMetadata(header, 0), compression)  # type: ignore[arg-type]
+        + encode_event_batch(first, compression, pack_chunks=pack_chunks)  # type: ignore[arg-type]
+        + encode_storage_batch(second[0].seq, len(second), lines, compression)  # type: ignore[arg-type]
+    )
     backend = JsonlBackend(str(tmp_path), compression=compression)  # type: ignore[arg-type]
     try:
         stored = await backend.load_stored("offline")

@@ -9,16 +9,14 @@ own scope while the fault is still held.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 
 import anyio
 import anyio.to_thread
 import psycopg
 import pytest
-from dsh.session_persistence import PersistenceCoordinator
 from dsh.session_persistence.backend import StorageMetadata
-from dsh.session_persistence.testing import ConformanceRig, meta, one_turn_log, simple_turn
+from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 
 from ._proxy import PgProxy

@@ -118,6 +118,25 @@ def test_docs_example_backend_is_discoverable() -> None:
     assert host.dsh_session_backends()["example-file"] is module.FileBackend
 
 
+def test_backend_guide_names_every_optional_primitive_kit_class_and_hook() -> None:
+    """The guide is the backend author's whole reference: it names every optional primitive the backend face
+    exports, every kit class the testing face exports, and every hook those classes let a subclass set."""
+    from dsh.session_persistence import backend, testing
+
+    text = GUIDE.read_text(encoding="utf-8")
+    primitives = [name for name in backend.__all__ if name.startswith("Supports")]
+    assert len(primitives) == 13 and f"{len(primitives)} separate" in text
+    kits = [name for name in testing.__all__ if name.endswith("Conformance")]
+    hooks: set[str] = set()
+    for name in kits:
+        for klass in getattr(testing, name).__mro__:
+            if klass.__module__.startswith("dsh.session_persistence.testing"):
+                hooks |= {n for n in vars(klass) if not n.startswith(("_", "test_"))}
+    hooks -= {"conformance", "storage_rig", "pytestmark"}  # the kit's own fixtures, not hooks
+    missing = [name for name in [*primitives, *kits, *sorted(hooks)] if f"`{name}" not in text]
+    assert missing == []
+
+
 def test_readme_commands_exist() -> None:
     text = README.read_text(encoding="utf-8")
     for command in ("tools/demo", "tools/run-tests"):

@@ -7,7 +7,6 @@ wait that could hang is bounded by ``anyio.fail_after``. No assertion depends on
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from dsh.session_persistence._host.session import Session, SessionStore
 from dsh.session_persistence._model.errors import (
     LiveTurnOpenError,
     SeqMismatchError,
+    SessionDisposeError,
     SessionFormatUnsupportedError,
     SessionIdCollisionError,
     SessionNotFoundError,
@@ -45,9 +45,6 @@ from dsh.session_persistence.testing._logs import (
     turn_end,
     turn_start,
 )
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import ExceptionGroup
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +78,7 @@ async def rig(
     manual: bool = True,
     dispose_fails: bool = False,
 ) -> AsyncIterator[Rig]:
-    """A host, its store and a started coordinator. ``dispose_fails``: teardown must raise its ExceptionGroup,
+    """A host, its store and a started coordinator. ``dispose_fails``: teardown must raise its SessionDisposeError,
     which is kept in ``dispose_error`` for the test to inspect after the ``async with`` block."""
     host = Host()
     store = SessionStore(host)
@@ -92,10 +89,10 @@ async def rig(
     try:
         async with persistence:
             yield r
-    except ExceptionGroup as group:
+    except SessionDisposeError as error:
         if not dispose_fails:
             raise
-        r.dispose_error = group
+        r.dispose_error = error
     else:
         assert not dispose_fails, "teardown was expected to fail"
 
@@ -487,9 +484,9 @@ async def test_55_init_failure_surfaces_on_flush_and_teardown() -> None:
             await r.store.flush(session)
         assert r.scheduler.armed == []
     assert r.scheduler.armed == []
-    assert isinstance(r.dispose_error, ExceptionGroup)
+    assert isinstance(r.dispose_error, SessionDisposeError)
     assert str(r.dispose_error).startswith("memory dispose failed")
-    assert any(isinstance(e, Boom) for e in r.dispose_error.exceptions)
+    assert any(isinstance(e, Boom) for e in r.dispose_error.errors)
     assert backend.lifecycle[-1] == "close"
 
 
@@ -644,8 +641,8 @@ async def test_32_37_40_collisions_surface_on_flush() -> None:
         with pytest.raises(SessionIdCollisionError, match=r"different cwd \(persisted: /other, live: /w\)"):
             await r.store.flush(other)
     # Both failed lifecycles are reported again by teardown (the disposed one's retirement failed too).
-    assert isinstance(r.dispose_error, ExceptionGroup)
-    assert len(r.dispose_error.exceptions) == 2
+    assert isinstance(r.dispose_error, SessionDisposeError)
+    assert len(r.dispose_error.errors) == 2
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -901,7 +898,7 @@ async def test_90_final_append_in_flight_then_a_new_session_collides() -> None:
         assert stored(r, "s") == [0, 1]
         await settle_retirements(r.persistence)
     # The second Session is still live with a failed initialization: teardown reports it.
-    assert isinstance(r.dispose_error, ExceptionGroup)
+    assert isinstance(r.dispose_error, SessionDisposeError)
 
 
 async def test_93_disposed_session_writes_are_retried_by_teardown(caplog: pytest.LogCaptureFixture) -> None:
@@ -1008,7 +1005,7 @@ async def test_34_dispose_without_flush_persists_and_a_new_session_collides() ->
         again = live(r.store, "s")
         with pytest.raises(SessionIdCollisionError):
             await r.store.flush(again)
-    assert isinstance(r.dispose_error, ExceptionGroup)
+    assert isinstance(r.dispose_error, SessionDisposeError)
 
 
 async def test_33_empty_session_disposed_then_same_id_reused() -> None:

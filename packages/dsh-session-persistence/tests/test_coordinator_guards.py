@@ -9,7 +9,6 @@ coordinator.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +21,7 @@ from dsh.session_persistence._host.host import Host
 from dsh.session_persistence._host.session import SessionStore
 from dsh.session_persistence._model.errors import (
     SeqMismatchError,
+    SessionDisposeError,
     SessionIdCollisionError,
     SessionLockedError,
     SessionPersistenceCorruptionError,
@@ -30,9 +30,6 @@ from dsh.session_persistence._model.errors import (
 from dsh.session_persistence._model.events import SessionEvent
 from dsh.session_persistence._wire.codec import encode_event
 from dsh.session_persistence.testing._logs import WORK, meta, one_turn_log, simple_turn, turn_start
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import ExceptionGroup
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +80,8 @@ def coordinator(backend: MemoryBackend) -> tuple[PersistenceCoordinator, Session
 @asynccontextmanager
 async def close_reports_a_failure(persistence: PersistenceCoordinator) -> AsyncIterator[None]:
     """Run the body in the started coordinator; its close must then report the refused session's buffered events
-    (an ``ExceptionGroup``). A failure of the body itself wins and is raised unchanged."""
+    (a ``SessionDisposeError``, never an ``ExceptionGroup``). A failure of the body itself wins and is raised
+    unchanged."""
     await persistence.__aenter__()
     try:
         yield
@@ -91,7 +89,7 @@ async def close_reports_a_failure(persistence: PersistenceCoordinator) -> AsyncI
         with contextlib.suppress(BaseException):
             await persistence.__aexit__(type(exc), exc, exc.__traceback__)
         raise
-    with pytest.raises(ExceptionGroup):
+    with pytest.raises(SessionDisposeError):
         await persistence.__aexit__(None, None, None)
 
 

@@ -78,7 +78,9 @@ class Sink:
 
 
 class Harness:
-    def __init__(self, tg: TaskGroup, max_delay_ms: int, copy_fn: Callable[[Event], Event] | None) -> None:
+    def __init__(
+        self, tg: TaskGroup, max_delay_ms: int, copy_fn: Callable[[Event], Event] | None, held: bool = False
+    ) -> None:
         self.tg = tg
         self.clock = ManualScheduler()
         self.sink = Sink()
@@ -89,6 +91,7 @@ class Harness:
             scheduler=self.clock,
             spawn=tg.start_soon,
             max_delay_ms=max_delay_ms,
+            held=held,
             **kwargs,
         )
 
@@ -122,10 +125,12 @@ class FlushCall:
 
 
 @asynccontextmanager
-async def harness(max_delay_ms: int = 200, copy_fn: Callable[[Event], Event] | None = None) -> AsyncIterator[Harness]:
+async def harness(
+    max_delay_ms: int = 200, copy_fn: Callable[[Event], Event] | None = None, *, held: bool = False
+) -> AsyncIterator[Harness]:
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
-            h = Harness(tg, max_delay_ms, copy_fn)
+            h = Harness(tg, max_delay_ms, copy_fn, held)
             try:
                 yield h
             finally:
@@ -384,6 +389,64 @@ async def test_failed_batch_goes_back_in_front_of_newer_events() -> None:
         assert h.ctl.pending_count == 3
         await h.ctl.flush()
         assert seqs(h.sink.calls) == [[0, 1], [0, 1, 2]]
+
+
+# --- held until bound: the backlog (a seed storage lacks) is written by the controller, first -------------
+
+
+async def test_held_controller_starts_no_write_until_release_then_writes_backlog_first() -> None:
+    async with harness(held=True) as h:
+        h.ctl.enqueue(ev(2))
+        await h.advance(1000)  # the window expires while held: nothing starts
+        assert h.sink.calls == [] and h.probe().held
+        h.ctl.release([ev(0), ev(1)])
+        await settle()
+        assert seqs(h.sink.calls) == [[0, 1, 2]], "the backlog goes in front, written at once"
+        assert not h.probe().has_work
+
+
+async def test_release_without_backlog_keeps_an_unexpired_window() -> None:
+    async with harness(held=True) as h:
+        h.ctl.enqueue(ev(0))
+        await h.advance(100)
+        h.ctl.release()
+        await settle()
+        assert h.sink.calls == []
+        await h.advance(100)
+        assert seqs(h.sink.calls) == [[0]]
+
+
+async def test_failed_backlog_write_is_kept_and_the_next_flush_tries_again() -> None:
+    async with harness(held=True) as h:
+        boom = Boom("EIO")
+        h.sink.failures[0] = boom
+        h.ctl.release([ev(0)])
+        await settle()
+        assert h.reports == [boom]
+        assert h.ctl.pending_count == 1 and h.probe().automatic_paused
+        h.ctl.enqueue(ev(1))
+        await h.ctl.flush()
+        assert seqs(h.sink.calls) == [[0], [0, 1]]
+        assert seqs(h.sink.written) == [[0, 1]]
+
+
+async def test_flush_of_a_held_controller_waits_for_release() -> None:
+    async with harness(held=True) as h:
+        h.ctl.enqueue(ev(1))
+        call = h.start_flush()
+        await settle()
+        assert not call.done.is_set() and h.sink.calls == []
+        h.ctl.release([ev(0)])
+        await call.done.wait()
+        assert call.error is None
+        assert seqs(h.sink.written) == [[0, 1]]
+
+
+async def test_release_twice_is_refused() -> None:
+    async with harness(held=True) as h:
+        h.ctl.release()
+        with pytest.raises(RuntimeError, match="released twice"):
+            h.ctl.release()
 
 
 async def test_cancel_automatic_wait_disarms_without_unpausing_or_draining() -> None:

@@ -4,8 +4,11 @@ When a Session is published (or is already live when the coordinator starts), it
 id's FIFO chain and settles one of four cases: the Session already owns the state; ownerless state from
 ``create``/``load``/a storage-only ``append`` is claimed; a stored log written by this Session earlier is
 adopted (hot reload: a torn tail is cut, a live turn is never closed); or the session is new. Adopting a stored
-log takes the writer lease first. Every later batch from the write-behind controller skips what
-initialization already wrote and is appended through :mod:`._durable`.
+log takes the writer lease first. Initialization only binds: what the Session holds beyond the stored log (a
+resume's ``session/end-seed``, a fork's or seeded session's seed) is handed to the write-behind controller,
+which is held until then, as the first events it writes. So every write of a live Session, the first included,
+goes through the controller: a failed one is kept and the next flush tries again, whatever the session went
+through. Each batch skips what is already stored and is appended through :mod:`._durable`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .._model.header import SessionHeader
 from .._model.repair import has_open_turn
 from .._model.views import SessionInspection
 from .._wire.stored_log import same_events, validate_stored
-from .durable import append, append_settled, repair, settle_doubt
+from .durable import append_settled, repair, settle_doubt
 from .scheduling import Scheduler
 from .state import CoordinatorCore, Outcome, SessionState
 from .write_behind import WriteBehindController
@@ -143,6 +146,7 @@ class LivePath:
             scheduler=self.scheduler,
             spawn=self.spawn,
             max_delay_ms=self.delay_ms,
+            held=True,  # until initialization knows the stored length and hands over the unwritten seed
         )
         live_entry = Live(init=init, writes=controller)
         self.live[session] = live_entry
@@ -151,15 +155,21 @@ class LivePath:
         ticket = core.chains.take(session_id)
 
         async def run_init() -> None:
+            # The controller is released before the outcome settles, so a flush woken by it finds the backlog.
             try:
-                await core.chains.run(session_id, lambda: self.init(session, seed), ticket)
+                backlog = await core.chains.run(session_id, lambda: self.init(session, seed), ticket)
             except Exception as exc:
+                controller.release()
                 live_entry.init.settle(exc)
             except BaseException:
+                controller.release()
                 live_entry.init.settle(SessionPersistenceError(f'session "{session_id}" initialization was cancelled'))
                 raise
             else:
-                live_entry.init.settle()
+                try:
+                    controller.release(backlog)
+                finally:
+                    live_entry.init.settle()
 
         try:
             self.spawn(run_init)
@@ -169,15 +179,19 @@ class LivePath:
             raise
         return live_entry
 
-    async def init(self, session: Session, seed: tuple[SessionEvent, ...]) -> None:
-        """Initialization (claim, hot-reload adoption, or a new session). Runs serialized."""
+    async def init(self, session: Session, seed: tuple[SessionEvent, ...]) -> tuple[SessionEvent, ...]:
+        """Initialization (claim, hot-reload adoption, or a new session). Runs serialized.
+
+        Returns the backlog: the events of ``seed`` that storage lacks, for the controller to write first (never
+        written here, so that a failed first write is the controller's, kept and retried, not a failed binding).
+        """
         core = self.core
         session_id = session.id
         header = session.header
         cut = session.inherited_event_count
         state = core.states.get(session_id)
         if state is not None and state.owner is session:
-            return
+            return ()
         if state is not None and state.owner is not None:
             other = self.live.get(state.owner)
             if state.materialized or (other is not None and other.writes.has_work):
@@ -203,9 +217,7 @@ class LivePath:
                 if stored.torn_marker is not None:
                     await repair(core, session_id, state.storage, stored.torn_marker, [])
             state.owner = session
-            if len(seed) > state.cursor:
-                await append(core, session_id, state, seed[state.cursor :])
-            return
+            return seed[state.cursor :]
         stored = await core.backend.load_stored(session_id)
         # Hot-reload adoption of a stored log by the Session that wrote it: under the lease, re-read if it moved.
         if stored is not None and await core.leases.acquire(stored.meta):
@@ -231,8 +243,7 @@ class LivePath:
             # A new session: nothing is written (and no lease taken) before its first batch.
             state = SessionState(StorageMetadata(header, cut), 0, False, session)
             core.states[session_id] = state
-        if len(seed) > state.cursor:
-            await append(core, session_id, state, seed[state.cursor :])
+        return seed[state.cursor :]
 
     # -- writes and flush -----------------------------------------------------------------------------------
 

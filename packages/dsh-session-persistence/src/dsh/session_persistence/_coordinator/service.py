@@ -22,7 +22,6 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
@@ -39,6 +38,7 @@ from .._host.host import Host
 from .._host.session import Session
 from .._model.errors import (
     SessionAlreadyExistsError,
+    SessionDisposeError,
     SessionPersistenceError,
     UnsupportedOperationError,
 )
@@ -56,9 +56,6 @@ from .retirement import Retirement
 from .scheduling import Scheduler, TaskGroupScheduler
 from .state import CoordinatorCore, SessionState
 from .write_behind import DEFAULT_MAX_DELAY_MS, MAX_DELAY_MS_LIMIT
-
-if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
-    from exceptiongroup import ExceptionGroup
 
 __all__ = ["PersistenceCoordinator"]
 
@@ -168,8 +165,9 @@ class PersistenceCoordinator:
     async def aclose(self) -> None:
         """Stop admission, drain every controller and chain, release the writer leases, close the backend.
 
-        Raises ``ExceptionGroup("<backend> dispose failed", errors)`` if a final flush failed; the backend is
-        closed in every case (its own close error is raised only when the drain succeeded).
+        Raises :class:`~dsh.session_persistence.SessionDisposeError` (its ``errors`` one per failing session) if
+        a final flush failed; the backend is closed in every case (its own close error is raised only when the
+        drain succeeded).
         """
         if self._core.closed:
             return
@@ -191,7 +189,7 @@ class PersistenceCoordinator:
             except Exception as exc:
                 close_error = exc
         if errors:
-            raise ExceptionGroup(f"{self.name} dispose failed", errors)
+            raise SessionDisposeError(self.name, errors)
         if close_error is not None:
             raise close_error
 

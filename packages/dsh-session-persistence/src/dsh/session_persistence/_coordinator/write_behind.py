@@ -6,6 +6,8 @@ first pending event, never extended), then go to the durable sink as one batch. 
 in flight; events that arrive meanwhile form a follow-up batch. :meth:`WriteBehindController.flush`
 is a shared quiescence barrier. A failed background write keeps its events (in order, in front of
 newer ones), is reported once, and pauses automatic retry until a new event or an explicit flush.
+A controller may start *held* (its session is not bound to storage yet): no write starts until
+:meth:`WriteBehindController.release`, which may hand it a backlog of events the sink must write first.
 
 Background writes and the barrier drain run as tasks spawned into a task group owned by the caller
 (the coordinator), so a flush caller that is cancelled abandons only its own wait.
@@ -14,7 +16,7 @@ Background writes and the barrier drain run as tasks spawned into a task group o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 import anyio
@@ -100,6 +102,8 @@ class WriteBehindController(Generic[E]):
     :param max_delay_ms: the fixed window, an integer in ``1..2147483647`` (default 200).
     :param copy: snapshot taken of each event at enqueue time; identity by default because the
         session's events are immutable structs.
+    :param held: start held: events are admitted (and windows armed) but no write starts, and a flush
+        waits, until :meth:`release`.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class WriteBehindController(Generic[E]):
         spawn: Spawn,
         max_delay_ms: int = DEFAULT_MAX_DELAY_MS,
         copy: Callable[[E], E] = _identity,
+        held: bool = False,
     ) -> None:
         if type(max_delay_ms) is not int or not 1 <= max_delay_ms <= MAX_DELAY_MS_LIMIT:
             raise TypeError(f"max_delay_ms must be an integer between 1 and {MAX_DELAY_MS_LIMIT}")
@@ -125,6 +130,8 @@ class WriteBehindController(Generic[E]):
         self._barrier: _Barrier | None = None
         self._deadline_expired = False
         self._automatic_paused = False
+        self._held = held
+        self._released: anyio.Event | None = None  # created by the first flush that has to wait for release
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -154,6 +161,11 @@ class WriteBehindController(Generic[E]):
         return self._automatic_paused
 
     @property
+    def held(self) -> bool:
+        """True until :meth:`release` (no write has started yet)."""
+        return self._held
+
+    @property
     def flushing(self) -> bool:
         """True while a flush barrier is draining."""
         return self._barrier is not None
@@ -176,6 +188,25 @@ class WriteBehindController(Generic[E]):
             # Fixed window: only the first pending event arms it; later ones join it without reset.
             self._arm()
 
+    def release(self, backlog: Sequence[E] = ()) -> None:
+        """End the hold: writes may start. Called once, synchronously.
+
+        ``backlog`` are events that belong in front of everything admitted so far but were never handed to a
+        write (a seed its storage lacks): they become ordinary pending events, so a failed write of them is
+        kept and retried like any other, and a write of them starts now rather than after a window. Without a
+        backlog, a window that expired while held starts its write now.
+        """
+        if not self._held:
+            raise RuntimeError("write-behind controller released twice")
+        self._held = False
+        if backlog:
+            self._pending = [*map(self._copy, backlog), *self._pending]
+        waiter = self._released
+        if waiter is not None:
+            waiter.set()
+        if self._pending and self._active is None and self._barrier is None and (backlog or self._deadline_expired):
+            self._start_background_write()
+
     def cancel_automatic_wait(self) -> None:
         """Disarm the window and forget an expired deadline (does not unpause, does not drain)."""
         self._cancel_timer()
@@ -187,8 +218,13 @@ class WriteBehindController(Generic[E]):
         Concurrent callers join one drain and share its outcome. Events enqueued during the drain are
         written by it too. A failing barrier write is raised to every joined caller (and not
         reported); its batch stays pending and automatic retry stays paused. Cancelling a caller
-        abandons only that caller's wait: the drain itself runs in the owner's task group.
+        abandons only that caller's wait: the drain itself runs in the owner's task group. A held
+        controller first waits for :meth:`release` (its backlog goes first).
         """
+        if self._held:
+            if self._released is None:
+                self._released = anyio.Event()
+            await self._released.wait()
         barrier = self._barrier
         if barrier is None:
             self._cancel_timer()
@@ -222,6 +258,10 @@ class WriteBehindController(Generic[E]):
         self._timer = None
         if self._barrier is not None or not self._pending:
             # Defensive: a barrier cancels the window when it starts and never re-arms it.
+            return
+        if self._held:
+            # The write starts at release, after the backlog is in front.
+            self._deadline_expired = True
             return
         if self._active is not None:
             # The follow-up starts the moment the active write succeeds.

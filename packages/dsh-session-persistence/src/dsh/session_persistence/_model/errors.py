@@ -7,6 +7,8 @@ Cancellation is never converted into any of these.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "EventValidationError",
     "IncompleteInheritedPrefixError",
@@ -14,6 +16,7 @@ __all__ = [
     "ReentrantAppendError",
     "SessionChangedError",
     "SessionCursorError",
+    "SessionDisposeError",
     "SessionNeedsRepairError",
     "SessionLifecycleError",
     "LiveTurnOpenError",
@@ -145,6 +148,22 @@ class SessionChangedError(SessionPersistenceError):
     def __init__(self, session_id: str, message: str | None = None) -> None:
         super().__init__(message or f'session "{session_id}" changed while the operation ran; nothing was changed')
         self.session_id = session_id
+
+
+class SessionDisposeError(SessionPersistenceError):
+    """Closing a coordinator could not make every live session durable: a final flush still failed.
+
+    ``errors`` holds each failing session's own error (typed, in the order the sessions went live); the first
+    is chained as ``__cause__``. The events those flushes did not cover were never acknowledged. Every other
+    session was flushed and the backend was closed.
+    """
+
+    def __init__(self, backend: str, errors: Sequence[Exception]) -> None:
+        self.errors: tuple[Exception, ...] = tuple(errors)
+        first = self.errors[0] if self.errors else None
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"{backend} dispose failed: a final flush failed: {first}{more}")
+        self.__cause__ = first
 
 
 class SessionNeedsRepairError(SessionPersistenceError):

@@ -16,8 +16,8 @@ from .._model.errors import (
     SessionPersistenceError,
     UnsupportedOperationError,
 )
-from .._model.events import EndSeed
-from .._wire.codec import event_types
+from .._model.events import AssistantChunk, EndSeed, SessionEvent
+from .._wire.codec import encode_event, event_types
 from ._conformance_base import (
     _append_live,
     _KitBase,
@@ -29,6 +29,7 @@ from ._logs import (
     WORK,
     meta,
     one_turn_log,
+    opaque,
     simple_turn,
     step_end,
     step_start,
@@ -256,6 +257,28 @@ class _LiveCases(_KitBase):
             assert "one-turn-assistant" in raw.content
             assert await p.persistence.read_raw("absent") is None
 
+    async def test_read_raw_is_the_stored_text(self, conformance: ConformanceRig) -> None:
+        """The raw artifact is the text the backend stores, not a rendering of it: every stored event's wire
+        line (``encode_event``; packed ``assistant/chunk`` rows aside) is in it byte for byte and in seq order,
+        a later batch is in the next read, and nothing of another session is."""
+        # Non-ASCII text, a line separator and a payload whose key order is not sorted: a re-encoding (other
+        # separators, ASCII escapes, sorted keys) of what is stored cannot reproduce these bytes.
+        marker = "raw-\u00e9t\u00e9 \u2603 \u2028 line"
+        log = [
+            *one_turn_log(),
+            opaque(6, "x-kit/raw-probe", {"zeta": [1, 2.5, "\u00e9"], "alpha": marker}, ignorable=True),
+        ]
+        async with conformance.open() as p:
+            if not getattr(p.backend, "supports_raw_artifacts", False):
+                pytest.skip(f"{type(p.backend).__name__} does not expose raw artifacts")
+            for sid, events in (("raw", log), ("raw-other", simple_turn(0, 1, "other-session-only-text"))):
+                await p.persistence.create(meta(sid, WORK))
+                await p.persistence.append(sid, events)
+            await _assert_raw_holds_stored_lines(conformance, p.persistence, "raw")
+            await p.persistence.append("raw", simple_turn(7, 2, "a later batch"))
+            raw = await _assert_raw_holds_stored_lines(conformance, p.persistence, "raw")
+            assert "other-session-only-text" not in raw.content, "read_raw returned another session's text"
+
     async def test_locate_is_a_pure_hint(self, conformance: ConformanceRig) -> None:
         """Locate does no I/O and creates nothing; a location is an absolute path."""
         async with conformance.open() as p:
@@ -325,3 +348,25 @@ class _LiveCases(_KitBase):
         stored = await conformance.stored("torn-live")
         assert stored is not None and stored.torn_marker is None
         assert stored.events == [turn_start(0, 1), step_start(1, 1, 1), step_end(2, 1, 1), turn_end(3, 1)]
+
+
+async def _assert_raw_holds_stored_lines(
+    conformance: ConformanceRig, persistence: object, session_id: str
+) -> RawArtifact:
+    """``read_raw`` holds the wire line of every stored event verbatim, in seq order; returns the artifact."""
+    stored: list[SessionEvent] | None = await conformance.stored_events(session_id)
+    assert stored, f'nothing stored for "{session_id}"'
+    raw = await persistence.read_raw(session_id)  # type: ignore[attr-defined]
+    assert isinstance(raw, RawArtifact)
+    position = 0
+    for event in stored:
+        if type(event) is AssistantChunk:
+            continue  # a backend may pack runs of deltas into chunk rows
+        line = encode_event(event).decode()
+        found = raw.content.find(line, position)
+        assert found >= 0, (
+            f"read_raw does not hold the stored bytes of event {event.seq} verbatim (at or after offset "
+            f"{position}): expected {line!r} in {raw.content!r}"
+        )
+        position = found + len(line)
+    return raw

@@ -262,6 +262,44 @@ class LifecycleConformance:
         assert await conformance.revision("cold") == before
         assert await conformance.stored_events("cold") == one_turn_log()
 
+    async def test_a_revision_never_comes_back_after_delete_and_recreate(self, conformance: ConformanceRig) -> None:
+        """Deleted, then re-created with the same header and the same batches, a session gets new revisions only:
+        a revision read before the delete never matches the new log (a compare-and-swap on it, such as
+        ``delete(expected_revision=...)`` or prune's, must not act on a log it never saw)."""
+        async with conformance.backend() as backend:
+            self._need(backend, SupportsDelete)
+        header = meta("again", WORK)
+        listed: list[str | None] = []
+        read: list[str | None] = []
+
+        async def note() -> None:
+            listed.append(await conformance.revision("again"))
+            async with conformance.backend() as backend:
+                read.append(await backend.read_stored_revision("again"))
+
+        for _round in range(2):
+            async with conformance.open() as p:
+                await p.persistence.create(header)
+                await p.persistence.append("again", one_turn_log())
+            await note()
+            async with conformance.open() as p:
+                await p.persistence.append("again", simple_turn(6, 2))
+            await note()
+            stale = listed[-1]
+            async with conformance.open() as p:
+                await p.persistence.delete("again")
+        assert None not in listed and None not in read, (listed, read)
+        assert len(set(listed)) == len(listed), f"list_snapshots gave a revision back after a re-create: {listed}"
+        assert len(set(read)) == len(read), f"read_stored_revision gave a revision back after a re-create: {read}"
+        # And the compare-and-swap that a reused revision would fool: a delete with a revision from before.
+        async with conformance.open() as p:
+            await p.persistence.create(header)
+            await p.persistence.append("again", one_turn_log())
+            await p.persistence.append("again", simple_turn(6, 2))
+            with pytest.raises(SessionChangedError):
+                await p.persistence.delete("again", expected_revision=stale)
+        assert await conformance.stored_events("again") == one_turn_log() + simple_turn(6, 2)
+
     async def test_another_writers_lease_refuses_delete_compact_and_prune(self, conformance: ConformanceRig) -> None:
         """A session another writer holds (a second instance over the same storage) is never deleted or
         rewritten: ``SessionLockedError`` names the holder, prune skips it, and the log is unchanged."""
@@ -423,7 +461,14 @@ class LifecycleConformance:
         await self._aged(conformance)
         async with conformance.open() as p:
             session = p.store.create("s90", seed=one_turn_log(), meta=meta("s90", WORK))
+            # Going live writes (the seed's session/end-seed marker), which moves s90's activity to now. Racing
+            # that write, the listing sometimes saw s90 as recent and did not select it. So: let the write land,
+            # then age s90 again; the live session then writes nothing more and is selected, deterministically.
+            await p.store.flush(session)
+            async with conformance.backend() as backend:
+                await self.set_activity(backend, "s90", NOW_MS - 90 * DAY_MS)
             report = await p.persistence.prune(older_than=timedelta(days=30), dry_run=False, now=NOW_MS)
+            assert [row.id for row in report.selected] == ["s40", "s50", "s90"], "the live session was selected"
             assert report.deleted == ("s40", "s50")
             assert [sid for sid, _why in report.skipped] == ["s90"]
             assert "live" in report.skipped[0][1]

@@ -6,19 +6,16 @@ A new backend instance over the same storage stands for a process restart: whate
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
-    from exceptiongroup import ExceptionGroup
-
 from .._backends.protocol import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix
 from .._coordinator.service import PersistenceCoordinator
 from .._host.host import Host
 from .._host.session import SessionStore
+from .._model.errors import SessionDisposeError
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
 
@@ -82,9 +79,9 @@ class ConformanceRig:
         """Start a coordinator over ``backend`` (default: a new instance) on ``host`` (default: a new one).
 
         Leaving the block closes the coordinator (final drain, then ``backend.aclose``). With ``drain_failure``
-        the close must fail with an ``ExceptionGroup`` containing that type (buffered events that can never be
-        written, e.g. after an id collision). A failure inside the block always wins over a close failure, so
-        a failed assertion is never masked by the group it leaves behind.
+        the close must fail with a ``SessionDisposeError`` one of whose ``errors`` is of that type (buffered
+        events that can never be written, e.g. after an id collision). A failure inside the block always wins
+        over a close failure, so a failed assertion is never masked by the close error it leaves behind.
         """
         if host is None:
             host = Host()
@@ -97,7 +94,7 @@ class ConformanceRig:
         try:
             yield opened
         except BaseException as exc:
-            # The body's failure is the one to report (the close often re-raises it wrapped in a group).
+            # The body's failure is the one to report (the close often re-raises it inside its dispose error).
             with contextlib.suppress(BaseException):
                 await coordinator.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -107,8 +104,8 @@ class ConformanceRig:
             return
         try:
             await coordinator.__aexit__(None, None, None)
-        except ExceptionGroup as group:
-            if group.subgroup(drain_failure) is None:
+        except SessionDisposeError as error:
+            if not any(isinstance(e, drain_failure) for e in error.errors):
                 raise
         else:
             raise AssertionError(f"expected the coordinator's final drain to fail with {drain_failure.__name__}")
