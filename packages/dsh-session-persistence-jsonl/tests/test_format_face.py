@@ -20,6 +20,11 @@ from dsh.session_persistence_jsonl.format import (
 pytestmark = pytest.mark.anyio
 
 
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
 @pytest.mark.parametrize("compression", ["zstd", "none"])
 @pytest.mark.parametrize("pack_chunks", [True, False])
 async def test_an_offline_transcript_loads_as_written(tmp_path: Path, compression: str, pack_chunks: bool) -> None:
@@ -29,10 +34,11 @@ async def test_an_offline_transcript_loads_as_written(tmp_path: Path, compressio
     path = transcript_path(str(tmp_path), header.cwd, header.id, compression)  # type: ignore[arg-type]
     os.makedirs(os.path.dirname(path))
     lines = encode_storage_lines(second, pack_chunks=pack_chunks)
-    Path(path).write_bytes(
+    _write(
+        path,
         encode_header_batch(StorageMetadata(header, 0), compression)  # type: ignore[arg-type]
         + encode_event_batch(first, compression, pack_chunks=pack_chunks)  # type: ignore[arg-type]
-        + encode_storage_batch(second[0].seq, len(second), lines, compression)  # type: ignore[arg-type]
+        + encode_storage_batch(second[0].seq, len(second), lines, compression),  # type: ignore[arg-type]
     )
     backend = JsonlBackend(str(tmp_path), compression=compression)  # type: ignore[arg-type]
     try:
