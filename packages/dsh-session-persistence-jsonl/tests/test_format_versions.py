@@ -173,9 +173,11 @@ async def test_a_v0_backup_restored_under_a_running_backend_is_upgraded_again(
             staged.write_bytes(backup)
             os.replace(staged, path)
         else:
-            with open(path, "r+b") as f:
-                f.truncate(0)
-                f.write(backup)
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # same inode, like `cp backup session.jsonl.zstd`
+            try:
+                os.write(fd, backup)
+            finally:
+                os.close(fd)
         again = Builder(start_seq=len(old.events), seed=4)
         again.turn(3, steps=2, tokens=2)
         await backend.append_batch(st, again.events, True)
