@@ -26,6 +26,7 @@ from ._sessions import Builder, storage
 
 pytestmark = pytest.mark.anyio
 
+
 @pytest.fixture(params=["zstd", "none"])
 def compression(request: pytest.FixtureRequest) -> str:
     return str(request.param)
