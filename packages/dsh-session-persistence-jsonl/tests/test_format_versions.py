@@ -139,3 +139,58 @@ async def test_a_newer_version_is_refused_on_read_and_listed(tmp_path: Path, com
         await backend.read_raw("s1")
     assert [h.version for h in await backend.list()] == [2]
     assert await backend.list_damaged() == []
+
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "v0.1.0"
+
+
+@pytest.mark.parametrize("restore", ["rename", "in-place"])
+async def test_a_v0_backup_restored_under_a_running_backend_is_upgraded_again(
+    tmp_path: Path, compression: str, restore: str
+) -> None:
+    """The backend remembers which files it wrote as v1; a v0 log restored over one (a 0.1 backup) must be
+    upgraded by the next write, as a fresh backend would, never given a v1 batch appended to its v0 bytes."""
+    suffix = ".jsonl.zstd" if compression == "zstd" else ".jsonl"
+    root = tmp_path / "root"
+    path = root / "--golden-project--" / "completed" / f"session{suffix}"
+    path.parent.mkdir(parents=True, mode=0o700)
+    backup = (GOLDEN / compression / "--golden-project--" / "completed" / f"session{suffix}").read_bytes()
+    path.write_bytes(backup)
+    os.chmod(path, 0o600)
+    backend = JsonlBackend(root, compression=compression)  # type: ignore[arg-type]
+    old = await backend.load_stored("completed")
+    assert old is not None and old.meta.version == 0 and old.torn_marker is None
+    st = StorageMetadata(old.meta, old.inherited_event_count)
+    lease = await backend.acquire_writer_lease(old.meta)  # appends go through the kept descriptor
+    try:
+        first = Builder(start_seq=len(old.events), seed=3)
+        first.turn(2, steps=1, tokens=3)
+        await backend.append_batch(st, first.events, True)  # upgrades: the backend now knows the file as v1
+        assert pairs(path.read_bytes(), compression)[-1].end == path.stat().st_size
+        # The operator restores the 0.1 backup while the backend keeps running.
+        if restore == "rename":
+            staged = path.with_name("restored.tmp")
+            staged.write_bytes(backup)
+            os.replace(staged, path)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # same inode, like `cp backup session.jsonl.zstd`
+            try:
+                os.write(fd, backup)
+            finally:
+                os.close(fd)
+        again = Builder(start_seq=len(old.events), seed=4)
+        again.turn(3, steps=2, tokens=2)
+        await backend.append_batch(st, again.events, True)
+        nxt = Builder(start_seq=len(old.events) + len(again.events), seed=5)
+        nxt.turn(1, steps=1, tokens=1)
+        await backend.append_batch(st, nxt.events, True)  # plain v1 append again
+    finally:
+        await lease.release()
+    data = path.read_bytes()
+    assert pairs(data, compression)[-1].end == len(data)  # one whole v1 file, no v0 bytes left in it
+    fresh = JsonlBackend(root, compression=compression)  # type: ignore[arg-type]
+    reloaded = await fresh.load_stored("completed")
+    assert reloaded is not None and reloaded.torn_marker is None
+    assert reloaded.meta.version == 1
+    assert reloaded.events == old.events + again.events + nxt.events
+    assert (await fresh.load_stored_from("completed", len(old.events))).events == again.events + nxt.events  # type: ignore[union-attr]

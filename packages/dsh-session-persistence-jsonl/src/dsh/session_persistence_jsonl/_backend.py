@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import os
 from collections.abc import Sequence
+from functools import partial
 from typing import ClassVar, TypeVar
 
 from dsh.session_persistence.backend import (
@@ -101,13 +102,22 @@ class JsonlBackend(JsonlReads):
         self._declared.add(path)
         self._next_seqs.remember(path, os.stat(path), len(events))
 
-    def _next_seq_sync(self, path: str, session_id: str) -> tuple[int, os.stat_result]:
-        """The next seq of the transcript at ``path`` (remembered, or decoded once) and its current stat."""
+    def _next_seq_sync(self, path: str, session_id: str) -> tuple[int, os.stat_result] | None:
+        """The next seq of the v1 transcript at ``path`` (remembered, or decoded once) and its current stat;
+        ``None`` when the file is a v0 log (which must be upgraded before anything is appended to it).
+
+        What is remembered holds only while the file is exactly as this instance last saw it (same inode and
+        size): a log replaced behind the backend (a 0.1 backup restored over it) is read again, so a v1 batch is
+        never appended to a v0 file.
+        """
         st = os.stat(path)
         known = self._next_seqs.lookup(path, st)
-        if known is not None:
+        if known is not None and path in self._declared:
             return known, st
         data, _revision = stable_read(path)
+        if not is_declared(data[:64], self.compression):
+            self._declared.discard(path)
+            return None
         log = self._decode(data, path)
         if log.torn is not None:
             # Appending after a torn fragment would bury it mid-log; the coordinator repairs before appending.
@@ -169,23 +179,25 @@ class JsonlBackend(JsonlReads):
             return
         path = self._path_for(storage.meta)
 
-        def work() -> None:
-            if self._is_declared_file(path, storage.meta):
-                next_seq, st = self._next_seq_sync(path, storage.meta.id)
-                check_contiguous(storage.meta.id, next_seq, batch)
-                data = self._encode_batch(batch)
-                self._next_seqs.forget(path)
-                appender = self._appenders.get(path)
-                if appender is None:
-                    append_durable(path, data)
-                else:
-                    appender.append(path, st, data)
-                self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
-            else:
-                self._next_seqs.forget(path)
-                self._upgrade_sync(storage, path, batch, None)
+        await self._run_shielded(partial(self._append_sync, storage, path, batch), "appending to the session log")
 
-        await self._run_shielded(work, "appending to the session log")
+    def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
+        """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""
+        found = self._next_seq_sync(path, storage.meta.id)
+        if found is None:
+            self._next_seqs.forget(path)
+            self._upgrade_sync(storage, path, batch, None)
+            return
+        next_seq, st = found
+        check_contiguous(storage.meta.id, next_seq, batch)
+        data = self._encode_batch(batch)
+        self._next_seqs.forget(path)
+        appender = self._appenders.get(path)
+        if appender is None:
+            append_durable(path, data)
+        else:
+            appender.append(path, st, data)
+        self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
 
     async def commit_repair(
         self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]
@@ -203,15 +215,18 @@ class JsonlBackend(JsonlReads):
 
         def work() -> None:
             self._next_seqs.forget(path)
-            if not self._is_declared_file(path, storage.meta):
+            if not self._is_declared_file(path):
                 self._upgrade_sync(storage, path, batch, marker)
                 return
             if marker is not None:
                 truncate_durable(path, marker.truncate_to, marker.expected_size)
             if batch:
                 # Closers computed from a stale read must not land after another writer's batch.
-                next_seq, _ = self._next_seq_sync(path, storage.meta.id)
-                check_contiguous(storage.meta.id, next_seq, batch)
+                found = self._next_seq_sync(path, storage.meta.id)
+                if found is None:  # replaced by a v0 log since the check above: upgrade it as usual
+                    self._upgrade_sync(storage, path, batch, None)
+                    return
+                check_contiguous(storage.meta.id, found[0], batch)
                 append_durable(path, self._encode_batch(batch))
 
         await self._run_shielded(work, "repairing the session log")

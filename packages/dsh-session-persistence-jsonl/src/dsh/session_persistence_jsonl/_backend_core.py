@@ -208,13 +208,13 @@ class JsonlCore:
             raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")
         return encode_declared_header(self.compression, line)
 
-    def _is_declared_file(self, path: str, meta: SessionHeader) -> bool:
-        """Whether appends can go straight to ``path`` (a v1 file) or must upgrade it first (a v0 file)."""
-        if meta.version >= DECLARED_FORMAT_VERSION or path in self._declared:
-            return True
+    def _is_declared_file(self, path: str) -> bool:
+        """Whether ``path`` is a v1 file now (read from its first bytes: neither the header this writer holds
+        nor what this instance wrote earlier proves it, as a v0 log may have been restored over it)."""
         if is_declared(read_head(path, 64), self.compression):
             self._declared.add(path)
             return True
+        self._declared.discard(path)
         return False
 
     # --------------------------------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ from .v1_declarations import (
     line_declaration,
     parse_line_declaration,
     parse_zstd_declaration,
+    torn_line_declaration_fits,
+    torn_zstd_declaration_fits,
     zstd_declaration,
 )
 
@@ -179,18 +181,45 @@ def _head_end(src: Source, pos: int) -> int:
     return pos
 
 
-def _rest_is_torn(src: Source, pos: int, compression: Compression) -> bool:
-    """Only zeros, or the start of an unfinished declaration (then maybe zeros), follow ``pos``."""
+def _torn_declaration(head: bytes, compression: Compression, expected_seq: int | None, rest: int | None) -> bool:
+    """Whether ``head`` can be the surviving start of the declaration of the batch in flight (see below)."""
+    if compression == "zstd":
+        if not could_be_torn_zstd_declaration(head.rstrip(b"\0")):
+            return False
+        return expected_seq is None or torn_zstd_declaration_fits(head, expected_seq, rest)
+    if b"\0" in head or not could_be_torn_line_declaration(head):
+        return False  # a declaration line never holds a zero byte of its own
+    return expected_seq is None or torn_line_declaration_fits(head, expected_seq, rest)
+
+
+def _rest_is_torn(
+    src: Source, pos: int, compression: Compression, expected_seq: int | None = None, cap: int | None = None
+) -> bool:
+    """Whether what follows ``pos`` (the end of the last complete batch) can be one write that never completed.
+
+    That write is the batch in flight, declared from ``expected_seq``, at most one batch long (``cap``): only
+    zeros (its size reached the disk, none of its bytes), or its declaration cut short, or the start of its
+    declaration followed by zeros from a sector boundary inside it to the end of the file, where every declared
+    field that survived must fit that batch (its seq, and its length, which must end it exactly at the end of the
+    file). Zeros reaching further than one batch, or a surviving length that ends elsewhere, are damage: a crash
+    only ever tears the final batch.
+    """
+    limit = ZSTD_DECLARATION_SIZE if compression == "zstd" else LINE_DECLARATION_MAX + 1
+    if cap is not None and src.size - pos > limit + cap:
+        return False  # longer than any one batch
     end = _head_end(src, pos)
     if end == pos:
         return True
-    limit = ZSTD_DECLARATION_SIZE if compression == "zstd" else LINE_DECLARATION_MAX + 1
-    if end - pos > limit:
+    if src.size - pos <= limit and _torn_declaration(bytes(src.read(pos, src.size)), compression, expected_seq, None):
+        return True  # the file ends inside the declaration (any zeros in it are its own bytes)
+    if end == src.size:
         return False
-    head = src.read(pos, end)
-    if compression == "zstd":
-        return could_be_torn_zstd_declaration(head)
-    return could_be_torn_line_declaration(head)
+    # Zeros follow the surviving bytes: a sector boundary inside the declaration must start them (a whole
+    # declaration would have parsed); the bytes before that boundary are the write's own, zeros included.
+    boundary = -(-end // SECTOR) * SECTOR
+    if boundary >= min(src.size, pos + limit):
+        return False
+    return _torn_declaration(bytes(src.read(pos, boundary)), compression, expected_seq, src.size - pos)
 
 
 #: The unit a disk persists atomically: a write whose data did not reach the disk reads as zeros from a sector
@@ -307,8 +336,8 @@ def _zero_filled_end(
     CRC verify, the batch is exactly known and its events are kept (repair re-appends them), so neither case
     loses anything.
     """
-    if _head_end(src, end) != end:
-        return None  # something that is not zeros follows: not the end of the log
+    if src.size != end:
+        return None  # bytes follow (zeros or not): the file does not end with this batch, so it is not torn
     raw = bytes(data)
     if raw.endswith(b"\0\0"):
         return [] if _zero_filled_write(src, data_start, end) else None
@@ -320,6 +349,18 @@ def _zero_filled_end(
             restored = raw[:-1] + bytes((last,))
             return walk.events(walk.plaintext(restored, data_start), decl, pos)
     return None
+
+
+def _verify_skipped(src: Source, walk: _Walk, skipped: tuple[int, int, Declaration] | None) -> None:
+    """A batch skipped unread that a torn tail follows must verify: its data turned to zeros (or bytes lost up to
+    the tail) is damage to a batch that was complete before the final one, never part of the tear."""
+    if skipped is None:
+        return
+    pos, data_start, decl = skipped
+    end = data_start + decl.length
+    if data_crc(src.read(data_start, end)) != decl.crc:
+        damage = walk.damage(f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})")
+        raise BatchDamage(str(damage), pos, decl, end)
 
 
 def _check_declaration(walk: _Walk, decl: Declaration, pos: int, expected: int) -> None:
@@ -408,13 +449,16 @@ def _batches(
     compression = walk.compression
     expected = 0
     recovered: list[SessionEvent] = []
+    # The last batch skipped unread (before ``from_seq``): a torn tail right after it is one only if it verifies.
+    skipped: tuple[int, int, Declaration] | None = None
     while pos < src.size:
         if checkpoint is not None:
             checkpoint()
         try:
             decl, data_start = _declaration_at(src, pos, compression)
         except DeclarationError as exc:
-            if _rest_is_torn(src, pos, compression):
+            if _rest_is_torn(src, pos, compression, expected, walk.cap):
+                _verify_skipped(src, walk, skipped)
                 break
             damage = walk.damage(f"batch declaration at byte {pos}: {exc}")
             raise BatchDamage(str(damage), pos, None, None) from exc
@@ -423,8 +467,10 @@ def _batches(
         try:
             _check_declaration(walk, decl, pos, expected)
             if end > src.size:
+                _verify_skipped(src, walk, skipped)
                 break  # the file ends inside the declared data: a write that never completed
             expected = decl.first_seq + decl.count
+            skipped = (pos, data_start, decl) if expected <= from_seq else None
             if expected > from_seq:
                 data = src.read(data_start, end)
                 if data_crc(data) != decl.crc:

@@ -36,6 +36,8 @@ __all__ = [
     "line_declaration",
     "parse_line_declaration",
     "parse_zstd_declaration",
+    "torn_line_declaration_fits",
+    "torn_zstd_declaration_fits",
     "zstd_declaration",
 ]
 
@@ -45,6 +47,8 @@ _ZSTD_PAYLOAD = struct.Struct("<QIII")  # first seq, count, data length, data CR
 _ZSTD_FIXED = ZSTD_DECLARATION_MAGIC + struct.pack("<I", _ZSTD_PAYLOAD.size + 4)
 _ZSTD_WHOLE = struct.Struct("<QQIIII")  # fixed prefix (as one integer), payload, own CRC
 (_ZSTD_FIXED_INT,) = struct.unpack("<Q", _ZSTD_FIXED)
+#: Where the data length sits in a zstd declaration (after magic, frame size, first seq and count).
+_LENGTH_AT = len(_ZSTD_FIXED) + 8 + 4
 #: Total bytes of one zstd declaration: magic, frame size, payload, own CRC-32.
 ZSTD_DECLARATION_SIZE = len(_ZSTD_FIXED) + _ZSTD_PAYLOAD.size + 4
 #: Data lengths and counts are 32-bit on disk; a cap can never exceed this.
@@ -109,6 +113,23 @@ def could_be_torn_zstd_declaration(head: bytes | memoryview) -> bool:
     return len(head) < ZSTD_DECLARATION_SIZE and _ZSTD_FIXED.startswith(head[: len(_ZSTD_FIXED)])
 
 
+def torn_zstd_declaration_fits(head: bytes, first_seq: int, rest: int | None) -> bool:
+    """Whether ``head``, the surviving first bytes of a declaration, can start the one a writer would write for a
+    batch from ``first_seq`` whose declaration and data are ``rest`` bytes long (``None``: unknown, the write was
+    cut short). The magic, frame size and seq are known in advance, and so is the data length when ``rest`` is;
+    the count and the CRCs are not."""
+    length = None if rest is None else rest - ZSTD_DECLARATION_SIZE
+    if length is not None and not 0 <= length <= MAX_DECLARED_BYTES:
+        return False
+    known = _ZSTD_FIXED + first_seq.to_bytes(8, "little")
+    if head[: len(known)] != known[: len(head)]:
+        return False
+    if length is None or len(head) <= _LENGTH_AT:
+        return True
+    surviving = head[_LENGTH_AT : _LENGTH_AT + 4]
+    return surviving == length.to_bytes(4, "little")[: len(surviving)]
+
+
 def line_declaration(first_seq: int, count: int, data: bytes) -> bytes:
     """The ``none``-mode declaration line (LF-terminated) for ``data`` (the batch's LF-terminated lines)."""
     body = b'%s%d,"count":%d,"bytes":%d,"crc32":%d' % (
@@ -133,6 +154,25 @@ def parse_line_declaration(line: bytes | memoryview) -> Declaration:
     if first_seq >= 1 << 64 or max(count, length, crc) > MAX_DECLARED_BYTES:
         raise DeclarationError("batch declaration states an impossible value")
     return Declaration(first_seq, count, length, crc)
+
+
+_LINE_TO_BYTES = re.compile(rb'\{"type":"dsh\.batch","seq":[0-9]+,"count":[0-9]+,"bytes":([0-9]+),')
+_LINE_REST_MIN = len(b'"crc32":0,"check":0}\n')
+_LINE_REST_MAX = len(b'"crc32":4294967295,"check":4294967295}\n')
+
+
+def torn_line_declaration_fits(head: bytes, first_seq: int, rest: int | None) -> bool:
+    """:func:`torn_zstd_declaration_fits` for a ``none``-mode declaration line: its first bytes up to the seq are
+    known in advance; when ``rest`` is known and the ``"bytes"`` field survived, the line it starts (whose CRC
+    fields are 1 to 10 digits each) plus that many data bytes must be ``rest`` bytes long."""
+    known = b'%s%d,"count":' % (LINE_DECLARATION_PREFIX, first_seq)
+    if head[: len(known)] != known[: len(head)]:
+        return False
+    match = _LINE_TO_BYTES.match(head)
+    if rest is None or match is None:
+        return True
+    after = rest - match.end() - int(match.group(1))
+    return _LINE_REST_MIN <= after <= _LINE_REST_MAX
 
 
 def could_be_torn_line_declaration(head: bytes | memoryview) -> bool:
