@@ -27,7 +27,7 @@ Shapes per encoding:
 ``expected.json`` holds what the release's own ``inspect`` (nothing written) and ``load`` (repair committed,
 torn tail cut) return for each session: header, inherited cut and every event's seq/type/data (``time`` too,
 except for repair closers, which are stamped at load time), plus the file size after the load; or the typed
-error's class name.
+error's class name (the first one in its MRO that the release exports).
 """
 
 from __future__ import annotations
@@ -189,6 +189,16 @@ def common_prefix(a: bytes, b: bytes) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
+def public_error_name(exc: BaseException) -> str:
+    """The first class in the error's MRO that the release exports from ``dsh.session_persistence``: a backend
+    may raise a private subclass (JSONL 0.2's ``BatchDamage`` is a ``SessionPersistenceCorruptionError``), and
+    only the exported name means the same thing to every later build."""
+    import dsh.session_persistence as core
+
+    exported = set(core.__all__)
+    return next(cls.__name__ for cls in type(exc).__mro__ if cls.__name__ in exported)
+
+
 def view_of(inspection: Any, stored: int | None) -> dict[str, Any]:
     events = []
     for event in inspection.events:
@@ -220,7 +230,7 @@ async def read_expected(root: Path, compression: str, session_id: str) -> dict[s
             try:
                 stored = len((await persistence.read_from(session_id, 0)).events)
             except SessionPersistenceError as exc:
-                out["error"] = type(exc).__name__
+                out["error"] = public_error_name(exc)
                 for name, read in (("inspect", persistence.inspect), ("load", persistence.load)):
                     try:
                         await read(session_id)
@@ -288,6 +298,10 @@ def main() -> int:
         root = out / compression
         sizes = anyio.run(write_finished, root, compression)
         subprocess.run([sys.executable, __file__, "--child", str(root), compression], check=True)
+        # The writer lease's lock files (0.2 and later) name the holder's pid and host: runtime state that differs
+        # on every run, not part of the log, so they are not kept (a later build makes its own).
+        for lock in root.rglob("session.lock"):
+            lock.unlink()
         tear(session_file(root, "torn"))
         damage(session_file(root, "damaged"), sizes["damaged"])
         views = {}
