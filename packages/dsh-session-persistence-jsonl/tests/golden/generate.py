@@ -27,7 +27,7 @@ Shapes per encoding:
 ``expected.json`` holds what the release's own ``inspect`` (nothing written) and ``load`` (repair committed,
 torn tail cut) return for each session: header, inherited cut and every event's seq/type/data (``time`` too,
 except for repair closers, which are stamped at load time), plus the file size after the load; or the typed
-error's class name (the first one in its MRO that the release exports).
+error's class name (the first one in its MRO that the release exports). One event per line.
 """
 
 from __future__ import annotations
@@ -270,6 +270,22 @@ def check_shapes(expected: dict[str, dict[str, Any]]) -> None:
         assert expected[name]["load"] == expected[name]["inspect"]
 
 
+def dump_expected(value: Any, level: int = 0, key: str | None = None) -> str:
+    """JSON indented by one space per level, except that each event of an ``events`` list is one line: a diff of a
+    regenerated file names the events that changed, and a reader follows a session one event per line."""
+    pad = " " * (level + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(k)}: {dump_expected(v, level + 1, k)}" for k, v in sorted(value.items())]
+    elif isinstance(value, list) and value and key == "events":
+        items = [pad + json.dumps(event, sort_keys=True) for event in value]
+    elif isinstance(value, list) and value:
+        items = [pad + dump_expected(item, level + 1) for item in value]
+    else:
+        return json.dumps(value, sort_keys=True)
+    opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+    return opening + "\n" + ",\n".join(items) + "\n" + " " * level + closing
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=HERE, help="directory to write v<version>/ into")
@@ -309,7 +325,10 @@ def main() -> int:
             views[session_id] = anyio.run(read_expected, root, compression, session_id)
         check_shapes(views)
         expected["encodings"][compression] = views
-    (out / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
+    text = dump_expected(expected) + "\n"
+    if json.loads(text) != expected:
+        raise SystemExit("dump_expected does not round-trip")  # the layout must never change the content
+    (out / "expected.json").write_text(text)
     print(f"wrote {out}")
     return 0
 
