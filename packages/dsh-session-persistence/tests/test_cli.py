@@ -535,7 +535,9 @@ def test_python_dash_m_runs_the_command_line(root: Path) -> None:
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "dsh.session_persistence", *argv]
-        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL
+        )
 
     helped = run("--help")
     assert helped.returncode == 0, helped.stderr
