@@ -1,6 +1,6 @@
 """Shared fixtures for the integration suite: every async test runs on asyncio (debug mode) and trio.
 
-The suite composes the three distributions as a user would (plugins discovered through ``Host.load_entrypoints()``).
+The suite composes the distributions as a user would (plugins discovered through ``Host.load_entrypoints()``).
 Helper modules (``loop_rig``, ``crash_check``, ``crash_child``) live beside the tests; there is no ``__init__.py``
 (test module names would collide across packages), so this directory is put on ``sys.path`` for them.
 """

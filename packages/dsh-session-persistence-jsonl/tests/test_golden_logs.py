@@ -59,6 +59,25 @@ def test_every_recorded_release_has_golden_logs() -> None:
             assert set(sessions) == shapes, release
 
 
+def _events_in(document: Any) -> list[Any]:
+    """Every event of every ``events`` list in an expected.json document."""
+    if isinstance(document, dict):
+        return [e for k, v in document.items() for e in (v if k == "events" else _events_in(v))]
+    if isinstance(document, list):
+        return [e for item in document for e in _events_in(item)]
+    return []
+
+
+@pytest.mark.parametrize("expected_file", sorted(GOLDEN.glob("v*/expected.json")), ids=lambda p: p.parent.name)
+def test_golden_expectations_hold_one_event_per_line(expected_file: Path) -> None:
+    """generate.py writes each expected event on a line of its own, so a regenerated file diffs event by event."""
+    text = expected_file.read_text()
+    events = _events_in(json.loads(text))
+    assert events
+    on_their_own_line = [json.loads(line.strip().removesuffix(",")) for line in text.splitlines() if '"seq": ' in line]
+    assert on_their_own_line == events
+
+
 def _copy_root(release: Path, compression: str, tmp_path: Path) -> Path:
     """A private copy with the modes the backend writes (git keeps neither 0700 nor 0600)."""
     root = tmp_path / compression

@@ -529,6 +529,27 @@ def test_console_script_entry_point() -> None:
     assert sys.modules["dsh.session_persistence._cli"].main is main
 
 
+def test_python_dash_m_runs_the_command_line(root: Path) -> None:
+    """`python -m dsh.session_persistence` is the console script: same program name, same commands, same exits."""
+    import subprocess
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "dsh.session_persistence", *argv]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL
+        )
+
+    helped = run("--help")
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: dsh-sessions ")
+    listed = run("--root", str(root), "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == json.loads(cli("--root", str(root), "list", "--json").out)
+    assert {"done", "crashed"} <= set(listed.stdout.split('"'))
+    wrong = run("no-such-command")
+    assert wrong.returncode == 2 and "dsh-sessions" in wrong.stderr
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # damage is never cut silently: repair --discard-damaged-tail, and unlistable headers
 

@@ -63,7 +63,7 @@ def test_readme_front_door_example_persists_restarts_and_resumes(tmp_path: Path)
         outputs.append(result.stdout.strip())
     assert outputs == ["turn 1: completed: 5", "turn 2: completed: 5"]
     shown = subprocess.run(
-        [sys.executable, "-m", "dsh.session_persistence._cli", "--root", str(root), "show", "readme"],
+        [sys.executable, "-m", "dsh.session_persistence", "--root", str(root), "show", "readme"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -27,7 +27,7 @@ Shapes per encoding:
 ``expected.json`` holds what the release's own ``inspect`` (nothing written) and ``load`` (repair committed,
 torn tail cut) return for each session: header, inherited cut and every event's seq/type/data (``time`` too,
 except for repair closers, which are stamped at load time), plus the file size after the load; or the typed
-error's class name.
+error's class name (the first one in its MRO that the release exports). One event per line.
 """
 
 from __future__ import annotations
@@ -189,6 +189,16 @@ def common_prefix(a: bytes, b: bytes) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
+def public_error_name(exc: BaseException) -> str:
+    """The first class in the error's MRO that the release exports from ``dsh.session_persistence``: a backend
+    may raise a private subclass (JSONL 0.2's ``BatchDamage`` is a ``SessionPersistenceCorruptionError``), and
+    only the exported name means the same thing to every later build."""
+    import dsh.session_persistence as core
+
+    exported = set(core.__all__)
+    return next(cls.__name__ for cls in type(exc).__mro__ if cls.__name__ in exported)
+
+
 def view_of(inspection: Any, stored: int | None) -> dict[str, Any]:
     events = []
     for event in inspection.events:
@@ -220,7 +230,7 @@ async def read_expected(root: Path, compression: str, session_id: str) -> dict[s
             try:
                 stored = len((await persistence.read_from(session_id, 0)).events)
             except SessionPersistenceError as exc:
-                out["error"] = type(exc).__name__
+                out["error"] = public_error_name(exc)
                 for name, read in (("inspect", persistence.inspect), ("load", persistence.load)):
                     try:
                         await read(session_id)
@@ -260,6 +270,22 @@ def check_shapes(expected: dict[str, dict[str, Any]]) -> None:
         assert expected[name]["load"] == expected[name]["inspect"]
 
 
+def dump_expected(value: Any, level: int = 0, key: str | None = None) -> str:
+    """JSON indented by one space per level, except that each event of an ``events`` list is one line: a diff of a
+    regenerated file names the events that changed, and a reader follows a session one event per line."""
+    pad = " " * (level + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(k)}: {dump_expected(v, level + 1, k)}" for k, v in sorted(value.items())]
+    elif isinstance(value, list) and value and key == "events":
+        items = [pad + json.dumps(event, sort_keys=True) for event in value]
+    elif isinstance(value, list) and value:
+        items = [pad + dump_expected(item, level + 1) for item in value]
+    else:
+        return json.dumps(value, sort_keys=True)
+    opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+    return opening + "\n" + ",\n".join(items) + "\n" + " " * level + closing
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=HERE, help="directory to write v<version>/ into")
@@ -288,6 +314,10 @@ def main() -> int:
         root = out / compression
         sizes = anyio.run(write_finished, root, compression)
         subprocess.run([sys.executable, __file__, "--child", str(root), compression], check=True)
+        # The writer lease's lock files (0.2 and later) name the holder's pid and host: runtime state that differs
+        # on every run, not part of the log, so they are not kept (a later build makes its own).
+        for lock in root.rglob("session.lock"):
+            lock.unlink()
         tear(session_file(root, "torn"))
         damage(session_file(root, "damaged"), sizes["damaged"])
         views = {}
@@ -295,7 +325,10 @@ def main() -> int:
             views[session_id] = anyio.run(read_expected, root, compression, session_id)
         check_shapes(views)
         expected["encodings"][compression] = views
-    (out / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
+    text = dump_expected(expected) + "\n"
+    if json.loads(text) != expected:
+        raise SystemExit("dump_expected does not round-trip")  # the layout must never change the content
+    (out / "expected.json").write_text(text)
     print(f"wrote {out}")
     return 0
 

@@ -1,6 +1,6 @@
-"""The agent-loop figure of ``tools/bench`` (issue #16): persistence added per turn by the full agent loop.
+"""The agent-loop figure of ``tools/bench`` (issue #16, section 10): persistence added per turn by the full agent loop.
 
-Kept beside the script because ``tools/bench`` is a self-contained tool: it imports this module by path.
+A module of the ``tools/bench`` package (``python tools/bench`` runs ``__main__.py``).
 
 The loop is the reference :class:`~dsh.session_persistence.loop.AgentLoop` with the checkpoint policy, driven by the
 scripted adapter (no network, no model): per turn a user message (~200 B); step 1 streams ~1 KB of text as
@@ -22,13 +22,17 @@ interleaved in one process.
 
 from __future__ import annotations
 
+import gc
+import os
 import random
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from _bench_commits import filler_text  # beside this module: one word-salad generator for both workloads
+from bench_commits import filler_text  # one word-salad generator for both workloads
+from bench_common import Config, Report, _fmt, median
 from dsh.session_checkpoint_policy import NAME as POLICY_NAME
 from dsh.session_checkpoint_policy import CheckpointPolicy
 from dsh.session_persistence import Host, MemoryBackend, PersistenceCoordinator, SessionStore
@@ -102,3 +106,45 @@ async def loop_turns(setup: str, turns: int, where: str, seed: int = 13) -> Loop
     async with PersistenceCoordinator(host, backend):
         seconds, cpu, events = await drive()
     return LoopRun(setup, turns, seconds, events, cpu)
+
+
+async def loop_section(cfg: Config, report: Report, scratch: str) -> None:
+    """10. The full agent loop (AgentLoop + checkpoint policy, token-sized chunks): persistence added per turn."""
+    f = report.figures
+    turns = cfg.turns
+    print(f"\n10. agent loop: {turns} turns of the commit workload through AgentLoop; median of {cfg.reps}", flush=True)
+    runs: dict[str, list[LoopRun]] = {setup: [] for setup in SETUPS}
+    for rep in range(cfg.reps):
+        for setup in SETUPS:  # interleaved, so drift hits every setup alike
+            where = os.path.join(scratch, f"loop-{setup}-{rep}")
+            gc.collect()
+            runs[setup].append(await loop_turns(setup, turns, where))
+            shutil.rmtree(where, ignore_errors=True)
+    per_turn = {setup: median([r.seconds / turns * 1000 for r in rs]) for setup, rs in runs.items()}
+    # Persistence per turn: the same rep's run without persistence subtracted (paired), median over reps.
+    added = {
+        setup: median([(a.seconds - b.seconds) / turns * 1000 for a, b in zip(runs[setup], runs["none"], strict=True)])
+        for setup in ("memory", "jsonl")
+    }
+    # The same in process CPU time (all threads): on a shared machine wall time is the scheduler's as much as ours.
+    added_cpu = {
+        setup: median(
+            [(a.cpu_seconds - b.cpu_seconds) / turns * 1000 for a, b in zip(runs[setup], runs["none"], strict=True)]
+        )
+        for setup in ("memory", "jsonl")
+    }
+    events = runs["jsonl"][0].events
+    f["agent_loop"] = {
+        "turns": turns,
+        "events_per_turn": events / turns,
+        "ms_per_turn": per_turn,
+        "persistence_ms_per_turn": added,
+        "persistence_cpu_ms_per_turn": added_cpu,
+    }
+    report.row("agent loop events per turn", _fmt(events / turns, ".1f"))
+    for setup in SETUPS:
+        report.row(f"agent loop ms per turn [{setup}]", _fmt(per_turn[setup], ".3f"))
+    report.row("persistence ms/turn [memory: no disk]", _fmt(added["memory"], ".3f"))
+    report.row("persistence ms/turn [jsonl] (target <= 2)", _fmt(added["jsonl"], ".3f"))
+    report.row("persistence CPU ms/turn [memory: no disk]", _fmt(added_cpu["memory"], ".3f"))
+    report.row("persistence CPU ms/turn [jsonl]", _fmt(added_cpu["jsonl"], ".3f"))

@@ -1,6 +1,6 @@
-"""The commit workload and the many-sessions load of ``tools/bench`` (issue #16).
+"""The commit workload and the many-sessions load of ``tools/bench`` (issue #16): sections 2 and 8.
 
-Kept beside the script because ``tools/bench`` is a self-contained tool: it imports this module by path.
+A module of the ``tools/bench`` package (``python tools/bench`` runs ``__main__.py``).
 
 * :func:`commit_workload`: per turn a user message (~200 B), an assistant message (~1 KB) with two tool calls and
   two tool results (~2 KB each), durable at three points (before the model request, before the tools, at the step
@@ -11,15 +11,25 @@ Kept beside the script because ``tools/bench`` is a self-contained tool: it impo
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import random
 import resource
+import shutil
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from bench_common import ENTRY, Config, Report, WriteRun, _fmt, _jsonl, _ratio, _timed_reps, median
+from bench_load import load_raw
+from bench_peers import run_sqlitesession
+from bench_writes import run_dsh, run_raw
 from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
 
 FLUSH = None
@@ -202,3 +212,101 @@ async def many_sessions(
         cpu_us_per_barrier=cpu / len(latencies) * 1e6 if latencies else float("nan"),
         wall_s=wall,
     )
+
+
+# The sections
+
+
+async def commit_section(args: argparse.Namespace, cfg: Config, report: Report, scratch: str) -> None:
+    """2. The commit workload: three durable points per turn, no streamed chunks (time per durable commit)."""
+    f = report.figures
+    ops = commit_workload(cfg.turns)
+    commits = commit_count(ops)
+    print(f"\n2. commit workload: {cfg.turns} turns, {commits} durable commits; median of {cfg.reps}", flush=True)
+
+    async def dsh_run(where: str) -> WriteRun:
+        return await run_dsh(ops, where)
+
+    async def raw_run(where: str) -> WriteRun:
+        run = run_raw(ops, where)
+        run.reload_s = load_raw(os.path.join(where, "raw.jsonl.zstd"))[0]
+        return run
+
+    async def sqlitesession(where: str) -> WriteRun:
+        return await run_sqlitesession(ops, where)
+
+    runs: list[tuple[str, Callable[[str], Awaitable[WriteRun]]]] = [("dsh", dsh_run), ("raw", raw_run)]
+    if f["peers"]["sqlitesession"] == "ok":
+        runs.append(("sqlitesession", sqlitesession))
+    results = await _timed_reps("commit", cfg.reps, runs, scratch)
+    per_commit: dict[str, float | None] = {}
+    reload: dict[str, float | None] = {}
+    for name in ("dsh", "raw", "sqlitesession"):
+        rs = results.get(name)
+        per_commit[name] = median([r.seconds / commits for r in rs]) * 1000 if rs else None
+        reloads = [r.reload_s for r in rs or [] if r.reload_s is not None]
+        reload[name] = median(reloads) * 1000 if reloads else None
+    paired = [a.seconds / b.seconds for a, b in zip(results["dsh"], results["raw"], strict=True)]
+    ratios = {
+        "dsh_vs_raw": _ratio(per_commit["dsh"], per_commit["raw"]),
+        "dsh_vs_raw_paired_median": median(paired),
+        "sqlitesession_vs_dsh": _ratio(per_commit["sqlitesession"], per_commit["dsh"]),
+        "reload_dsh_vs_raw": _ratio(reload["dsh"], reload["raw"]),
+    }
+    f["commit"] = {"commits": commits, "ms_per_commit": per_commit, "reload_ms": reload, "ratio": ratios}
+    for name in ("dsh", "raw", "sqlitesession"):
+        note = "" if per_commit[name] is not None else f["peers"].get(name, "")
+        report.row(f"ms per durable commit [{name}]", _fmt(per_commit[name], ".3f"), note)
+    report.row("commit dsh/raw (target <= 2, goal 1.25)", _fmt(ratios["dsh_vs_raw"], ".2f"))
+    report.row("commit dsh/raw, paired per rep (median)", _fmt(ratios["dsh_vs_raw_paired_median"], ".2f"))
+    report.row("commit sqlitesession/dsh (target >= 1.5)", _fmt(ratios["sqlitesession_vs_dsh"], ".2f"))
+    for name in ("dsh", "raw", "sqlitesession"):
+        report.row(f"reload ms [{name}]", _fmt(reload[name], ".2f"))
+    report.row("reload dsh/raw (target <= 1.2)", _fmt(ratios["reload_dsh_vs_raw"], ".2f"))
+
+
+def _many_child(loop: str, n: str, seconds: str, where: str) -> None:
+    """One many-sessions run in a fresh process (``--_many-child``): prints its figures as JSON."""
+    import dataclasses
+
+    async def go() -> ManyRun:
+        return await many_sessions(_jsonl(where), int(n), float(seconds))
+
+    print(json.dumps(dataclasses.asdict(anyio.run(go, backend=loop))))
+
+
+def many_sessions_section(cfg: Config, report: Report, scratch: str) -> None:
+    """8. Many live sessions in one process: barrier p50/p99 and CPU per barrier, asyncio and trio, vs one session."""
+    f = report.figures
+    print(f"\n8. many sessions: a chunk every 10 ms, a flush every 100 ms, {cfg.many_seconds:g} s each", flush=True)
+    out: dict[str, dict[str, Any]] = {}
+    for loop in ("asyncio", "trio"):
+        for n in (1, cfg.many_sessions):
+            where = os.path.join(scratch, f"many-{loop}-{n}")
+            cmd = [
+                sys.executable,
+                ENTRY,
+                "--_many-child",
+                loop,
+                str(n),
+                str(cfg.many_seconds),
+                where,
+            ]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            shutil.rmtree(where, ignore_errors=True)
+            if done.returncode != 0:
+                out[f"{loop}-{n}"] = {"error": done.stderr.strip().splitlines()[-1:] or ["?"]}
+                report.row(f"many sessions [{loop}, n={n}]", "failed", out[f"{loop}-{n}"]["error"][0][:60])
+                continue
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            out[f"{loop}-{n}"] = run
+            report.row(f"barrier p50/p99 ms [{loop}, n={n}]", f"{run['p50_ms']:.2f} / {run['p99_ms']:.2f}")
+            report.row(
+                f"CPU us per barrier [{loop}, n={n}]", f"{run['cpu_us_per_barrier']:.0f}", f"{run['barriers']} barriers"
+            )
+        single, many = out.get(f"{loop}-1", {}), out.get(f"{loop}-{cfg.many_sessions}", {})
+        if "p99_ms" in single and "p99_ms" in many:
+            ratio = many["p99_ms"] / single["p99_ms"]
+            out[f"{loop}-p99_ratio"] = {"value": ratio}
+            report.row(f"p99 barrier n={cfg.many_sessions} / n=1 [{loop}] (target <= 5)", f"{ratio:.2f}")
+    f["many_sessions"] = out

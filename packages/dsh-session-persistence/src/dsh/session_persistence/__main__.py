@@ -1,0 +1,11 @@
+"""``python -m dsh.session_persistence``: the ``dsh-sessions`` command line, for when only the interpreter is at
+hand (a venv that is not activated, a tool that starts ``sys.executable``)."""
+
+from __future__ import annotations
+
+import sys
+
+from ._cli import main
+
+if __name__ == "__main__":  # importing the module (an API walk, a docs tool) runs nothing
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""dsh sessions benchmarks: durable write throughput, peers, load, flush barrier, list and size (docs/benchmarks.md).
+
+One process run measures everything, each figure several times (interleaved, so noise hits every system alike),
+and reports medians and ratios of medians::
+
+    hatch run bench:run            # full run, peers included (the `bench` env installs them)
+    hatch run bench:run --quick    # smoke-sized run, under a minute
+    python tools/bench --quick --no-peers --json out.json   # any Python with the workspace packages
+
+Figures: see ``docs/benchmarks.md``. A package run as a directory (``python tools/bench``): this ``__main__`` parses
+the options and runs the sections, one module each (``bench_writes``: 1 and 6, ``bench_commits``: 2 and 8,
+``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10); Python puts
+this directory first on ``sys.path`` when it runs it, which is how they import each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import anyio
+from bench_barrier import flush_section, list_section
+from bench_big import big_child, big_session_section
+from bench_commits import _many_child, commit_section, many_sessions_section
+from bench_common import FULL, QUICK, Report, machine
+from bench_load import _load_child, load_section
+from bench_loop import loop_section
+from bench_peers import peer_status
+from bench_pg import _pg_writer_child, postgres_section
+from bench_writes import size_section, write_section
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    cfg = QUICK if args.quick else FULL
+    if args.reps:
+        cfg.reps = args.reps
+    scratch = tempfile.mkdtemp(prefix="dsh-bench-", dir=args.dir)
+    report = Report()
+    f = report.figures
+    f["machine"] = machine()
+    f["mode"] = "quick" if args.quick else "full"
+    print(f"dsh sessions bench ({f['mode']}): {f['machine']}", flush=True)
+    try:
+        if args.commits_only:
+            f["peers"] = (
+                peer_status() if not args.no_peers else dict.fromkeys(("sqlitesession", "langgraph"), "skipped")
+            )
+            await commit_section(args, cfg, report, scratch)
+            await loop_section(cfg, report, scratch)
+            f["table"] = [list(r) for r in report.rows]
+            return f
+        written = await write_section(args, cfg, report, scratch)
+        await commit_section(args, cfg, report, scratch)
+        await loop_section(cfg, report, scratch)
+        size_section(report, written)
+        await load_section(cfg, report, scratch)
+        await flush_section(cfg, report, scratch)
+        await list_section(cfg, report, scratch)
+
+        # 7. PostgreSQL backend
+        await postgres_section(args, cfg, written.ops, report, scratch)
+
+        if not args.no_many:
+            many_sessions_section(cfg, report, scratch)
+
+        if args.big:
+            big_session_section(report, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    f["table"] = [list(r) for r in report.rows]
+    return f
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python tools/bench", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke-sized run (well under a minute)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
+    parser.add_argument("--no-peers", action="store_true", help="skip SQLiteSession and LangGraph")
+    parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL backend (section 7)")
+    parser.add_argument(
+        "--postgres-dsn",
+        metavar="DSN",
+        help="PostgreSQL server to measure (default: a throwaway cluster when initdb/pg_ctl are found)",
+    )
+    parser.add_argument("--reps", type=int, default=0, help="repetitions per measurement (default: 5, quick: 2)")
+    parser.add_argument("--dir", default=None, help="scratch directory parent (default: the system temp dir)")
+    parser.add_argument("--no-many", action="store_true", help="skip the many-sessions load (section 8)")
+    parser.add_argument(
+        "--commits-only",
+        action="store_true",
+        help="only the commit workload and the agent loop (sections 2 and 10)",
+    )
+    parser.add_argument(
+        "--big", action="store_true", help="also the 1,000,000-event session: bounded-memory reads (section 9)"
+    )
+    parser.add_argument("--_big-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--_load-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--_many-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--_pg-writer-child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._pg_writer_child:
+        _pg_writer_child(*args._pg_writer_child)
+        return 0
+    if args._load_child:
+        _load_child(*args._load_child)
+        return 0
+    if args._many_child:
+        _many_child(*args._many_child)
+        return 0
+    if args._big_child:
+        big_child(*args._big_child)
+        return 0
+    figures = anyio.run(main_async, args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(figures, fh, indent=2)
+            fh.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
