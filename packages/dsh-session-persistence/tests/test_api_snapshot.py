@@ -66,9 +66,12 @@ def _methods(cls: type) -> list[str]:
     belong to no face of their own."""
     if not cls.__module__.startswith("dsh."):
         return []
+    # A private base listed under a public class of the face that inherits it belongs there, not here too.
+    public_bases = [k for k in cls.__mro__[1:] if not k.__name__.startswith("_") and k.__module__.startswith("dsh.")]
     own: dict[str, object] = {}
     for klass in reversed(cls.__mro__):
-        if klass is cls or (klass.__name__.startswith("_") and klass.__module__.startswith("dsh.")):
+        private = klass.__name__.startswith("_") and klass.__module__.startswith("dsh.")
+        if klass is cls or (private and not any(issubclass(base, klass) for base in public_bases)):
             own.update(vars(klass))
     out: list[str] = []
     for member, value in sorted(own.items()):
