@@ -40,6 +40,7 @@ from ._boundaries import (
 )
 from ._coordinator import PersistenceCoordinator
 from ._errors import (
+    CheckpointPolicyMissingError,
     EventValidationError,
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
@@ -82,6 +83,7 @@ __all__ = [
     "AgentLoop",
     "BackendNotFoundError",
     "CancelSignal",
+    "CheckpointPolicyMissingError",
     "CompactResult",
     "Deferred",
     "EventValidationError",
