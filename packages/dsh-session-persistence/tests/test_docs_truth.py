@@ -62,7 +62,9 @@ def _command_section(path: Path) -> str:
 
 def core_bullet_commands(path: Path) -> set[str]:
     text = path.read_text(encoding="utf-8")
-    match = re.search(r"^- \*\*(?:The )?`dsh-sessions` CLI\*\*(?::|\uff1a)(.*?)(?=^- |\n\n)", text, re.MULTILINE | re.DOTALL)
+    match = re.search(
+        r"^- \*\*(?:The )?`dsh-sessions` CLI\*\*(?::|\uff1a)(.*?)(?=^- |\n\n)", text, re.MULTILINE | re.DOTALL
+    )
     assert match is not None, f"no CLI bullet in {path}"
     # The commands are the backticked spans that start with a lowercase word (`show ID`), not options or variables.
     spans = re.findall(r"`([a-z][a-z-]*)(?: [A-Z.\[\]]+)*`", match.group(1))
