@@ -215,7 +215,7 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
                 turns,
                 events,
                 human_size(report.size),
-                report.status,
+                f"live ({report.holder or 'unnamed writer'})" if report.status == "live" else report.status,
                 cwd,
                 _short(summary["title"]),
             ]
