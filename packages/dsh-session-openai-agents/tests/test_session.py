@@ -136,7 +136,8 @@ async def test_every_call_after_aclose_raises_a_typed_error_and_writes_nothing()
             session.get_items(),
             session.record_response([], "m"),
         ):
-            with pytest.raises(DshSessionClosedError, match="closed"):
+            with pytest.raises(DshSessionClosedError, match="closed") as raised:
                 await call
+            assert isinstance(raised.value, RuntimeError)  # what the SDK's own sessions raise after close()
     async with open_sessions(backend=MemoryBackend(shared)) as sessions, DshSession(sessions, "s") as again:
         assert await again.get_items() == [user("kept")]

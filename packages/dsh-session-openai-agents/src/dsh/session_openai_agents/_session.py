@@ -50,8 +50,10 @@ PROVIDER = "openai-agents"
 _USER_ROLES = ("user", "system", "developer")
 
 
-class DshSessionClosedError(SessionPersistenceError):
-    """The :class:`DshSession` was closed (``aclose()`` or the end of its ``async with``); nothing was written."""
+class DshSessionClosedError(SessionPersistenceError, RuntimeError):
+    """The :class:`DshSession` was closed (``aclose()`` or the end of its ``async with``); nothing was written.
+
+    Also a ``RuntimeError``, what the SDK's own sessions raise when used after ``close()``."""
 
 
 class NotDurableWarning(UserWarning):
