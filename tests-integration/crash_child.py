@@ -206,7 +206,17 @@ async def drive(
     args: argparse.Namespace, host: Host, store: SessionStore, backend: Any, adapter: ScriptedAdapter, tools: list[Any]
 ) -> None:
     async with PersistenceCoordinator(host, backend, write_batch_max_delay_ms=args.window_ms):
-        loop = AgentLoop(host, store, adapter, tools, provider="crash", model="crash", session_id=SESSION_ID)
+        # --no-policy is the negative control: an explicit opt-out (the loop refuses to run without one otherwise).
+        loop = AgentLoop(
+            host,
+            store,
+            adapter,
+            tools,
+            provider="crash",
+            model="crash",
+            session_id=SESSION_ID,
+            require_checkpoint_policy=not args.no_policy,
+        )
         turn = 0
         while True:
             turn += 1

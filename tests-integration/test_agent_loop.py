@@ -284,7 +284,8 @@ async def test_nested_dispatch_has_exactly_one_tool_checkpoint(tmp_path: Path) -
 async def test_without_policy_no_boundary_flush_but_write_behind_persists(tmp_path: Path) -> None:
     async with open_stack(tmp_path, policy=False, window_ms=5) as stack:
         adapter = ScriptedAdapter([ToolCallResponse((("c1", "t", {}),)), TextResponse("done")])
-        loop = make_loop(stack, adapter, [ScriptedTool("t")])
+        # Running without the policy is an explicit opt-out (without it the loop refuses: test_checkpoint_required).
+        loop = make_loop(stack, adapter, [ScriptedTool("t")], require_checkpoint_policy=False)
         with anyio.fail_after(10):
             await loop.run_turn("go")
         assert stack.flushes.starts == []

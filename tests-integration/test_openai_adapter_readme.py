@@ -58,3 +58,28 @@ def test_two_tool_program_runs_and_resumes(tmp_path: Path) -> None:
     assert server.paths == ["/v1/chat/completions"] * 3
     lines = [line for line in two_tool_block().splitlines() if line.strip()]
     assert len(lines) <= 20
+
+
+def test_fake_server_example_runs_as_documented(tmp_path: Path) -> None:
+    text = README.read_text(encoding="utf-8")
+    text = text[text.index("<!-- example: fake-server -->") :]
+    match = re.search(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+    assert match is not None
+    printed = re.search(r"It prints `(.*?)`\.", text)
+    assert printed is not None
+    script = tmp_path / "fake_server.py"
+    script.write_text(match.group(1), encoding="utf-8")
+    for backend_name in ("asyncio", "trio"):
+        program = match.group(1).replace(
+            "anyio.run(main, sys.argv[1])", f"anyio.run(main, sys.argv[1], backend={backend_name!r})"
+        )
+        script.write_text(program, encoding="utf-8")
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / backend_name)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == printed.group(1)

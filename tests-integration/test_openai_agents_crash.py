@@ -80,6 +80,21 @@ def test_sigkill_mid_tool_then_the_model_sees_outcome_unknown_and_the_tool_is_no
     assert "send_email" in shown.stdout and "turn 1 ended: interrupted" in shown.stdout
 
 
+def test_without_the_hooks_the_child_is_warned_before_the_tool_runs(tmp_path: Path) -> None:
+    # Without DurableRunHooks the SDK hands the call to the session only after the tool: not durable mid-tool.
+    # The session says so, once, in our warning category, before the model is even asked.
+    root, ledger = tmp_path / "sessions", tmp_path / "ledger.txt"
+    child = start("crash-nohooks", root, ledger)
+    try:
+        wait_ready(child)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        _, err = child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert err.count("NotDurableWarning") == 1, err
+    assert "hooks=DurableRunHooks(session)" in err
+
+
 async def test_a_second_writer_is_refused_by_the_writer_lease(tmp_path: Path) -> None:
     root, ledger = tmp_path / "sessions", tmp_path / "ledger.txt"
     child = start("hold", root, ledger)

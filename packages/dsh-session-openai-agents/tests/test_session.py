@@ -3,17 +3,26 @@ Runner test asyncio only)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import anyio
 import pytest
 from agents import Agent, Runner, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
-from dsh.session_openai_agents import ITEM_EVENT, POP_EVENT, DshSession, DurableRunHooks
+from dsh.session_openai_agents import (
+    ITEM_EVENT,
+    POP_EVENT,
+    DshSession,
+    DshSessionClosedError,
+    DurableRunHooks,
+    NotDurableWarning,
+)
 from dsh.session_persistence import MemoryBackend, MemoryStore, SessionLockedError, open_sessions
 from dsh.session_persistence.events import OpaqueEvent, ToolCall, ToolResult, UserMessage
 
-pytestmark = pytest.mark.anyio
+# These tests drive the Session protocol by hand (no runner): the not-durable warning is tested on its own below.
+pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::dsh.session_openai_agents.NotDurableWarning")]
 
 
 def user(text: str) -> dict[str, Any]:
@@ -97,3 +106,38 @@ async def test_session_settings_limit_applies_and_bad_settings_are_refused() -> 
         await session.aclose()
         with pytest.raises(TypeError, match="limitt"):
             DshSession(sessions, "t", session_settings={"limitt": 1})
+
+
+@pytest.mark.filterwarnings("error::dsh.session_openai_agents.NotDurableWarning")
+async def test_without_hooks_the_first_write_warns_once_and_hooks_silence_it() -> None:
+    async with open_sessions(backend="memory") as sessions, DshSession(sessions, "bare") as bare:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            await bare.add_items([user("one")])
+            await bare.add_items([user("two")])
+        assert [type(w.message) for w in caught] == [NotDurableWarning]
+        assert "hooks=DurableRunHooks(session)" in str(caught[0].message)
+        async with DshSession(sessions, "hooked") as hooked:
+            DurableRunHooks(hooked)
+            await hooked.add_items([user("one")])  # an unexpected warning is an error here
+
+
+async def test_every_call_after_aclose_raises_a_typed_error_and_writes_nothing() -> None:
+    shared = MemoryStore()
+    async with open_sessions(backend=MemoryBackend(shared)) as sessions:
+        session = DshSession(sessions, "s")
+        await session.add_items([user("kept")])
+        await session.aclose()
+        await session.aclose()  # idempotent
+        for call in (
+            session.add_items([user("late")]),
+            session.pop_item(),
+            session.clear_session(),
+            session.get_items(),
+            session.record_response([], "m"),
+        ):
+            with pytest.raises(DshSessionClosedError, match="closed") as raised:
+                await call
+            assert isinstance(raised.value, RuntimeError)  # what the SDK's own sessions raise after close()
+    async with open_sessions(backend=MemoryBackend(shared)) as sessions, DshSession(sessions, "s") as again:
+        assert await again.get_items() == [user("kept")]

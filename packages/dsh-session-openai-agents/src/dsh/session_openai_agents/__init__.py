@@ -14,6 +14,22 @@ on the next run as the call's ``TOOL_OUTCOME_UNKNOWN`` output instead of a secon
 
 from __future__ import annotations
 
-from ._session import ITEM_EVENT, POP_EVENT, PROVIDER, DshSession, DurableRunHooks
+from ._session import (
+    ITEM_EVENT,
+    POP_EVENT,
+    PROVIDER,
+    DshSession,
+    DshSessionClosedError,
+    DurableRunHooks,
+    NotDurableWarning,
+)
 
-__all__ = ["ITEM_EVENT", "POP_EVENT", "PROVIDER", "DshSession", "DurableRunHooks"]
+__all__ = [
+    "ITEM_EVENT",
+    "POP_EVENT",
+    "PROVIDER",
+    "DshSession",
+    "DshSessionClosedError",
+    "DurableRunHooks",
+    "NotDurableWarning",
+]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -26,10 +27,18 @@ from typing import Any
 import anyio
 from agents import RunHooks
 from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
-from dsh.session_persistence import Session, SessionNotFoundError, Sessions
+from dsh.session_persistence import Session, SessionNotFoundError, SessionPersistenceError, Sessions
 from dsh.session_persistence.events import OpaqueEvent, ToolResult, TurnStart
 
-__all__ = ["ITEM_EVENT", "POP_EVENT", "PROVIDER", "DshSession", "DurableRunHooks"]
+__all__ = [
+    "ITEM_EVENT",
+    "POP_EVENT",
+    "PROVIDER",
+    "DshSession",
+    "DshSessionClosedError",
+    "DurableRunHooks",
+    "NotDurableWarning",
+]
 
 #: The ignorable event type holding one SDK item verbatim (``{"item": ...}``).
 ITEM_EVENT = "openai-agents/item"
@@ -39,6 +48,18 @@ POP_EVENT = "openai-agents/pop"
 PROVIDER = "openai-agents"
 
 _USER_ROLES = ("user", "system", "developer")
+
+
+class DshSessionClosedError(SessionPersistenceError, RuntimeError):
+    """The :class:`DshSession` was closed (``aclose()`` or the end of its ``async with``); nothing was written.
+
+    Also a ``RuntimeError``, what the SDK's own sessions raise when used after ``close()``."""
+
+
+class NotDurableWarning(UserWarning):
+    """A :class:`DshSession` is written to while no :class:`DurableRunHooks` was made for it: the SDK hands it a
+    function call only after the tool ran, so a crash while a tool runs can repeat the tool's side effect. Issued
+    once per session object, at its first ``add_items`` (the runner saves the run's input before the model runs)."""
 
 
 def _plain(item: Any) -> dict[str, Any]:
@@ -82,7 +103,12 @@ class DshSession:
 
     The dsh session is opened on first use: resumed (crash-repaired) when stored, else created; from then on this
     object is its only writer (a second writer, in this process or another, gets ``SessionLockedError`` from the
-    writer lease). Calls on one object are serialized. Every mutation is durable when it returns.
+    writer lease). Calls on one object are serialized. Every mutation is durable when it returns. After
+    :meth:`aclose` every call raises :class:`DshSessionClosedError` (make a new object to continue the session).
+
+    Pass ``hooks=DurableRunHooks(session)`` to the runner: without them the SDK hands a function call to the session
+    only after its tool ran; the first ``add_items`` of an object no hooks were made for warns
+    (:class:`NotDurableWarning`, once per object).
     """
 
     def __init__(
@@ -98,11 +124,16 @@ class DshSession:
         self._pending: set[tuple[str, str]] = set()  # recorded early, not yet saved by the SDK
         self._open_calls: dict[str, int] = {}  # call id -> tool/call seq, in the open turn
         self._turn: tuple[int, int] | None = None  # the open (turn, step) of a model response
+        self._closed = False
+        self._hooked = False  # a DurableRunHooks was made for this object
+        self._warned = False
 
     # ---------------------------------------------------------------------------------------------
     # Lifecycle
 
     async def _session(self) -> Session:
+        if self._closed:
+            raise DshSessionClosedError(f'DshSession "{self.session_id}" is closed; open a new DshSession to continue')
         if self._live is not None:
             return self._live
         store = self.sessions.store
@@ -128,8 +159,11 @@ class DshSession:
         return live
 
     async def aclose(self) -> None:
-        """Make everything durable and retire the dsh session (this object can be used again afterwards)."""
+        """Make everything durable and retire the dsh session; later calls raise :class:`DshSessionClosedError`.
+
+        Idempotent."""
         async with self._lock:
+            self._closed = True
             live, self._live = self._live, None
             # An open response turn stays open in storage: the next load repairs it honestly.
             self._pending.clear()
@@ -167,6 +201,7 @@ class DshSession:
         """Record ``items`` (skipping those the hooks recorded already); durable when this returns."""
         async with self._lock:
             live = await self._session()
+            self._warn_not_durable()  # the runner saves the run's input first: before any model request or tool
             for raw in items:
                 item = _plain(raw)
                 key = _key(item)
@@ -214,6 +249,18 @@ class DshSession:
                 if key is not None:
                     self._pending.add(key)
             await self.sessions.store.flush(live)
+
+    def _warn_not_durable(self) -> None:
+        if self._hooked or self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f'DshSession "{self.session_id}" is used without DurableRunHooks, so the SDK hands it a function call only '
+            "after the tool ran and a crash while a tool runs can repeat its side effect: pass "
+            "hooks=DurableRunHooks(session) to Runner.run",
+            NotDurableWarning,
+            stacklevel=3,
+        )
 
     # ---------------------------------------------------------------------------------------------
     # Writing
@@ -349,6 +396,7 @@ class DurableRunHooks(RunHooks[Any]):
 
     def __init__(self, session: DshSession) -> None:
         self.session = session
+        session._hooked = True  # the session stops warning that it is not durable
 
     async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
         model = agent.model if isinstance(getattr(agent, "model", None), str) else type(agent.model).__name__

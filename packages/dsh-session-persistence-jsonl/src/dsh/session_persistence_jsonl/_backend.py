@@ -42,7 +42,7 @@ from ._files.fs import (
 )
 from ._files.held_append import HeldAppender
 from ._files.layout import project_dir_name, session_segment
-from ._files.lease import JsonlWriterLease, acquire_lease
+from ._files.lease import JsonlWriterLease, acquire_lease, probe_holder
 from ._files.lifecycle import compact_transcript, delete_transcript, list_artifacts, list_rows
 from ._format.salvage import salvage_declared, salvage_raw, salvage_zstd
 from ._format.upgrade import declared_log
@@ -359,6 +359,13 @@ class JsonlBackend(JsonlReads):
             self._declared.add(path)
 
         await self._run_shielded(work, "compacting the session log")
+
+    async def writer_lease_holder(self, meta: SessionHeader) -> str | None:
+        """Who holds the session's writer lease (``"pid 4242 on host-a"``), ``None`` when nobody does; reads the
+        kernel's lock table (Linux), never takes, creates or writes the lock (``UnsupportedOperationError``
+        elsewhere)."""
+        session_dir = os.path.dirname(self._path_for(meta))
+        return await self._run(lambda: probe_holder(session_dir), "reading the writer lease")
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.

@@ -48,6 +48,7 @@ from ._host.session import Session, SessionStore
 from ._host.specs import Agent
 from ._loop.front_door import BackendNotFoundError, Sessions, open_sessions
 from ._model.errors import (
+    CheckpointPolicyMissingError,
     EventValidationError,
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
@@ -83,6 +84,7 @@ __all__ = [
     "AgentLoop",
     "BackendNotFoundError",
     "CancelSignal",
+    "CheckpointPolicyMissingError",
     "CompactResult",
     "Deferred",
     "EventValidationError",

@@ -23,9 +23,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from dsh.session_persistence.backend import SessionLockedError, SessionStorageError
+from dsh.session_persistence.backend import SessionLockedError, SessionStorageError, UnsupportedOperationError
 
-__all__ = ["LOCK_FILENAME", "JsonlWriterLease", "acquire_lease", "read_holder"]
+__all__ = ["LOCK_FILENAME", "JsonlWriterLease", "acquire_lease", "probe_holder", "read_holder"]
 
 #: The lock file's name inside the session directory, next to the transcript.
 LOCK_FILENAME = "session.lock"
@@ -54,6 +54,53 @@ def read_holder(fd: int) -> str | None:
         return _describe(json.loads(raw))
     except (OSError, ValueError):
         return None
+
+
+#: The kernel's table of held locks (Linux): ``ID: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END``.
+_PROC_LOCKS = "/proc/locks"
+
+
+def _flock_held(st: os.stat_result) -> bool:
+    """Whether the kernel lists an exclusive ``flock`` another process holds on the file ``st`` describes (waiters,
+    ``->``, are not)."""
+    try:
+        with open(_PROC_LOCKS, encoding="ascii", errors="replace") as table:
+            lines = table.read().splitlines()
+    except OSError as exc:
+        raise UnsupportedOperationError(f"cannot read {_PROC_LOCKS} to see who holds a writer lease") from exc
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->" or fields[1] != "FLOCK" or fields[3] != "WRITE":
+            continue
+        try:
+            if int(fields[4]) == os.getpid():
+                continue  # this process's own lease (e.g. the CLI's repair): not another writer
+            major, minor, inode = fields[5].split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == want:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def probe_holder(session_dir: str) -> str | None:
+    """Who holds the writer lease of the session kept in ``session_dir`` (its description, ``""`` if it names
+    none), ``None`` when nobody does; never locks, creates or writes anything (a writer starting meanwhile is never
+    refused because of this look). ``UnsupportedOperationError`` where the kernel's lock table cannot be read."""
+    path = os.path.join(session_dir, LOCK_FILENAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+    except FileNotFoundError:
+        return None  # never leased (or the session directory is gone)
+    except OSError as exc:
+        raise SessionStorageError.from_os_error("reading the writer lease", exc, path) from exc
+    try:
+        if not _flock_held(os.fstat(fd)):
+            return None
+        return read_holder(fd) or ""
+    finally:
+        os.close(fd)
 
 
 #: How long a refused writer waits for the holder's name to appear (a holder that locked the file but has not

@@ -326,6 +326,19 @@ class WriterLease(Protocol):
 
 
 @runtime_checkable
+class SupportsLeaseProbe(Protocol):
+    """A backend that can tell, without taking it or writing anything, whether a session's writer lease is held.
+
+    ``writer_lease_holder(meta)`` returns the holder's description (as :attr:`WriterLease.holder`, e.g.
+    ``"pid 4242 on host-a"``; ``""`` when held by a writer that names none) while another process holds the lease,
+    ``None`` while none does. It raises :class:`~dsh.session_persistence.UnsupportedOperationError` when it cannot
+    tell on this platform. Read-only tools use it to show a session being written as live, not as interrupted.
+    """
+
+    async def writer_lease_holder(self, meta: SessionHeader) -> str | None: ...
+
+
+@runtime_checkable
 class SupportsWriterLease(Protocol):
     """One writer per session: take the session's exclusive writer lease, or refuse at once.
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .._backends.protocol import SupportsLeaseProbe
 from .._model.errors import (
     SessionFormatUnsupportedError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
+    UnsupportedOperationError,
 )
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
@@ -24,8 +26,9 @@ from ._context import Stack
 
 __all__ = ["RECOVERABLE", "SessionReport", "TornInfo", "examine", "file_stat"]
 
-#: Statuses a cold load handles on its own (``verify`` exits 0 for them).
-RECOVERABLE = frozenset({"ok", "interrupted", "torn"})
+#: Statuses a cold load handles on its own (``verify`` exits 0 for them); ``live``: another process holds the
+#: session's writer lease and is writing it (an open turn there is work in progress, not a crash).
+RECOVERABLE = frozenset({"ok", "interrupted", "torn", "live"})
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class SessionReport:
     id: str
     header: SessionHeader | None = None
     #: ``ok`` | ``interrupted`` (an open turn: a load appends closers) | ``torn`` (torn tail, maybe also closers) |
-    #: ``corrupt`` | ``unsupported`` (intact, but this build refuses its format)
+    #: ``corrupt`` | ``unsupported`` (intact, but this build refuses its format) | ``live`` (being written: ``holder``)
     status: str = "ok"
     message: str | None = None
     inspection: SessionInspection | None = None
@@ -56,6 +59,8 @@ class SessionReport:
     location: str | None = None
     size: int | None = None
     mtime_ms: int | None = None
+    #: Who holds the writer lease when ``status`` is ``live`` (``""``: a writer that names none).
+    holder: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -136,9 +141,23 @@ async def examine(stack: Stack, session_id: str, header: SessionHeader | None = 
             report.status = "torn"
         elif report.closers:
             report.status = "interrupted"
+        holder = await _lease_holder(stack, report.header)
+        if holder is not None:
+            report.status, report.holder = "live", holder
     report.location = _location(stack, report.header)
     report.size, report.mtime_ms = file_stat(report.location)
     return report
+
+
+async def _lease_holder(stack: Stack, header: SessionHeader) -> str | None:
+    """Who is writing the session now (``None``: nobody, or the backend cannot tell); never takes the lease."""
+    backend = stack.backend
+    if not isinstance(backend, SupportsLeaseProbe):
+        return None
+    try:
+        return await backend.writer_lease_holder(header)
+    except (UnsupportedOperationError, SessionPersistenceError):
+        return None
 
 
 def _with_cause(exc: BaseException) -> str:

@@ -40,13 +40,28 @@ def _title(events: tuple[SessionEvent, ...]) -> str | None:
     return None
 
 
+def user_turns(events: tuple[SessionEvent, ...]) -> int:
+    """TURNS: the turns a user started. A turn counts when it holds a user message (a continuation or a turn the
+    model opened does not); user messages outside any turn count once per gap between turns (the Agents SDK
+    integration stores a run's input there and one turn per model response, so two runs are two turns)."""
+    count = 0
+    counted = False  # a user message already counted since the last turn boundary
+    for event in events:
+        if event.type in ("turn/start", "turn/end"):
+            counted = False
+        elif event.type == "user/message" and not counted:
+            count += 1
+            counted = True
+    return count
+
+
 def session_summary(report: SessionReport) -> dict[str, Any]:
     """Turns, streamed chunks and the first user message of a readable session (``None`` when unreadable)."""
     if report.inspection is None:
         return {"turns": None, "chunks": None, "title": None}
     stored = report.events[: report.stored_events or 0]
     return {
-        "turns": sum(1 for e in stored if e.type == "turn/start"),
+        "turns": user_turns(stored),
         "chunks": sum(1 for e in stored if e.type == CHUNK_TYPE),
         "title": _title(stored),
     }
@@ -55,6 +70,14 @@ def session_summary(report: SessionReport) -> dict[str, Any]:
 def _cwd_filter(args: argparse.Namespace) -> str | None:
     # Pure string work (no I/O): `--cwd .` means the directory the operator is in.
     return None if args.cwd is None else os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(args.cwd)))
+
+
+def _logged_activity(report: SessionReport, listed_at: int) -> int:
+    """LAST ACTIVITY: the time of the last stored event, from the log itself (a copied or restored store keeps it;
+    a file's mtime would show the copy), else what the listing knows."""
+    if report.stored_events:
+        return report.events[report.stored_events - 1].time
+    return listed_at
 
 
 def _short(text: str | None) -> str:
@@ -106,16 +129,32 @@ async def _unpaged(args: argparse.Namespace, stack: Stack, io: Io) -> list[tuple
     return rows if args.limit is None else rows[: args.limit]
 
 
+def _filtered(args: argparse.Namespace) -> bool:
+    return args.cwd is not None or args.parent is not None or args.since is not None
+
+
 async def _unreadable(
     args: argparse.Namespace, stack: Stack, rows: list[tuple[SessionReport, int]], complete: bool
 ) -> list[StoredArtifact]:
-    """Stored artifacts the listing left out because they cannot be read (only known for a whole, unfiltered list)."""
+    """Stored artifacts no listing can show because they cannot be read (their header is unreadable).
+
+    Reported on the first page whatever the filters and the limit (a filter cannot be applied to a session whose
+    header cannot be read, and a page must not hide that the store holds one); later pages (``--cursor``) do not
+    repeat it.
+    """
     backend = stack.backend
-    filtered = args.cwd is not None or args.parent is not None or args.since is not None or args.cursor is not None
-    if not complete or filtered or not isinstance(backend, SupportsArtifactScan):
+    if args.cursor is not None or not isinstance(backend, SupportsArtifactScan):
         return []
-    listed = {report.id for report, _ in rows}
+    if complete and not _filtered(args):
+        listed = {report.id for report, _ in rows}
+    else:  # the page shows some sessions only: compare with every readable header
+        listed = {header.id for header in await stack.coordinator.list()}
     return [a for a in await backend.list_artifacts() if a.session_id not in listed]
+
+
+def _filter_text(args: argparse.Namespace) -> str:
+    given = (("--cwd", _cwd_filter(args)), ("--parent", args.parent), ("--since", args.since))
+    return " ".join(f"{flag} {value}" for flag, value in given if value is not None)
 
 
 async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
@@ -127,9 +166,10 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     unreadable = await _unreadable(args, stack, rows, next_cursor is None)
     if unreadable:
         names = ", ".join(a.session_id or a.location for a in unreadable)
+        unfiltered = " (no filter can be applied to them)" if _filtered(args) else ""
         io.err.write(
-            f"dsh-sessions: warning: {len(unreadable)} stored session(s) cannot be read and are not listed "
-            f"(run `dsh-sessions verify`): {names}\n"
+            f"dsh-sessions: warning: {len(unreadable)} stored session(s) cannot be read and are not listed"
+            f"{unfiltered} (run `dsh-sessions verify`): {names}\n"
         )
     if args.json:
         sessions = []
@@ -137,6 +177,7 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
             document = report_json(report)
             document.update(session_summary(report))
             document["updatedAt"] = updated_at
+            document["lastEventAt"] = _logged_activity(report, updated_at)
             document["updated"] = iso_time(updated_at)
             sessions.append(document)
         write_json(
@@ -152,7 +193,12 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         return EXIT_OK
     if not rows:
         readable = "readable " if unreadable else ""
-        io.out.write(f"no {readable}sessions under {stack.root} (backend {stack.backend_name})\n")
+        if _filtered(args):
+            io.out.write(f"no {readable}sessions match {_filter_text(args)} under {stack.root}\n")
+        elif args.cursor is not None:
+            io.out.write(f"no more sessions after that cursor under {stack.root}\n")
+        else:
+            io.out.write(f"no {readable}sessions under {stack.root} (backend {stack.backend_name})\n")
         return EXIT_OK
     table_rows = []
     for report, updated_at in rows:
@@ -165,11 +211,11 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         table_rows.append(
             [
                 report.id,
-                local_time(updated_at),
+                local_time(_logged_activity(report, updated_at)),
                 turns,
                 events,
                 human_size(report.size),
-                report.status,
+                f"live ({report.holder or 'unnamed writer'})" if report.status == "live" else report.status,
                 cwd,
                 _short(summary["title"]),
             ]

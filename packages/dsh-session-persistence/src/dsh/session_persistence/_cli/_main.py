@@ -102,13 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--since", default=None, metavar="WHEN", help="active since a date (2026-01-31) or 7d ago")
     listing.add_argument("--cwd", default=None, metavar="PATH", help="only sessions started in PATH")
-    listing.add_argument("--parent", default=None, metavar="ID", help="only sessions forked from ID")
-    command("show", "print a readable transcript of one session").add_argument("id", help="session id")
+    listing.add_argument("--parent", default=None, metavar="ID", type=_session_id, help="only sessions forked from ID")
+    command("show", "print a readable transcript of one session").add_argument(
+        "id", type=_session_id, help="session id"
+    )
     command("verify", "check integrity without modifying anything").add_argument(
-        "id", nargs="?", default=None, help="session id (default: every session)"
+        "id", nargs="?", default=None, type=_session_id, help="session id (default: every session)"
     )
     repair = command("repair", "commit crash repair for one session (cold load)")
-    repair.add_argument("id", help="session id")
+    repair.add_argument("id", type=_session_id, help="session id")
     repair.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     repair.add_argument(
         "--discard-damaged-tail",
@@ -116,12 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="discard a damaged FINAL batch (printing what is lost first); damage elsewhere is never cut",
     )
     export = command("export", "the decoded log as JSONL on stdout (what inspect returns)")
-    export.add_argument("id", help="session id")
+    export.add_argument("id", type=_session_id, help="session id")
     export.add_argument(
         "--salvage", action="store_true", help="of a damaged log, the committed events before the first damage"
     )
     rm = command("rm", "delete sessions for good (durably; a live session is refused)")
-    rm.add_argument("ids", nargs="+", metavar="ID", help="session id")
+    rm.add_argument("ids", nargs="+", metavar="ID", type=_session_id, help="session id")
     rm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     prune = command("prune", "retention: delete sessions idle for longer than --older-than (dry run without a tty)")
     prune.add_argument("--older-than", default=None, metavar="DURATION", help="e.g. 30d, 12h, 2w")
@@ -129,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     prune.add_argument("-y", "--yes", action="store_true", help="delete without asking")
     command("compact", "rewrite a closed session's log as one batch (same events)").add_argument(
-        "id", help="session id"
+        "id", type=_session_id, help="session id"
     )
     command("stats", "counts, bytes and compression ratio")
     command("plugins", "loaded dsh.session plugins, their distributions and hooks")
@@ -158,6 +160,17 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _session_id(text: str) -> str:
+    """A session id argument: non-empty text (argv bytes that are not text arrive as lone surrogates)."""
+    if text == "":
+        raise argparse.ArgumentTypeError("a session id cannot be empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"a session id must be text, got {text!r}") from None
+    return text
 
 
 def _one_line(text: str) -> str:

@@ -24,10 +24,16 @@ _LABELS = {
     "torn": "recoverable",
     "corrupt": "CORRUPT",
     "unsupported": "UNSUPPORTED",
+    "live": "live",
 }
 
 
 def _describe(report: SessionReport) -> str:
+    if report.status == "live":
+        return (
+            f"being written by {report.holder or 'another process'} ({report.stored_events} events so far); "
+            "its open turn is work in progress, not a crash"
+        )
     if report.status == "ok":
         return f"{report.stored_events} events, balanced"
     if report.recoverable:
@@ -62,8 +68,10 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         return code
     for r in reports:
         io.out.write(f"{_LABELS.get(r.status, r.status):<12} {r.id}: {_describe(r)}\n")
-    recoverable = sum(1 for r in reports if r.recoverable and r.status != "ok")
+    recoverable = sum(1 for r in reports if r.recoverable and r.status not in ("ok", "live"))
     parts = [f"{summary['ok']} ok", f"{recoverable} recoverable"]
+    if summary["live"]:
+        parts.append(f"{summary['live']} being written")
     parts += [f"{n} {s}" for s, n in sorted(summary.items()) if s in ("corrupt", "unsupported")]
     verdict = "FAILED" if bad else "passed"
     io.out.write(f"verify {verdict}: {len(reports)} session(s): {', '.join(parts)}\n")

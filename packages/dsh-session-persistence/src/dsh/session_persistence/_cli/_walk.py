@@ -85,6 +85,7 @@ def report_json(report: SessionReport) -> dict[str, Any]:
     return {
         "id": report.id,
         "status": report.status,
+        "holder": report.holder,
         "recoverable": report.recoverable,
         "message": report.message,
         "createdAt": None if header is None else header.created_at,

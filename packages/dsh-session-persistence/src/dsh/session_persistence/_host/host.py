@@ -64,6 +64,10 @@ _TERMINAL_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
 _ONE_BY_ONE_HOOKS = frozenset({"session_event", "session_flush", "session_disposed", "agent_error", "agent_status"})
 
 
+#: The boundaries a checkpoint policy wraps (see :meth:`Host.has_checkpoint_policy`).
+_CHECKPOINT_BOUNDARIES = ("agent_pre_step", "llm_stream", "tools_execute")
+
+
 def _describe(function: object) -> str:
     if inspect.isgeneratorfunction(function):
         kind = "a generator function"
@@ -354,6 +358,19 @@ class Host:
     def has_session_flush(self) -> bool:
         """Whether any plugin implements ``session_flush`` (without one, a flush persists nothing)."""
         return bool(self._pm.hook.session_flush.get_hookimpls())
+
+    def has_checkpoint_policy(self) -> bool:
+        """Whether one registered plugin wraps all three agent boundaries (``agent_pre_step``, ``llm_stream``,
+        ``tools_execute``), as a checkpoint policy does to flush before each step, model request and tool call.
+
+        Recognised by shape, not by name, so any release of ``dsh-session-checkpoint-policy`` (or a policy of the
+        caller's own, registered by hand) counts.
+        """
+        wrapping: list[set[str]] = []
+        for name in _CHECKPOINT_BOUNDARIES:
+            impls = getattr(self._pm.hook, name).get_hookimpls()
+            wrapping.append({impl.plugin_name for impl in impls if impl.wrapper or impl.hookwrapper})
+        return bool(set.intersection(*wrapping))
 
     # ---------------------------------------------------------------------------------------------
     # Agent boundaries

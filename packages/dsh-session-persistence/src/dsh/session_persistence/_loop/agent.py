@@ -17,7 +17,7 @@ from .._host.boundaries import (
     ToolExecution,
     TurnAborted,
 )
-from .._model.errors import SessionIdCollisionError
+from .._model.errors import CheckpointPolicyMissingError, SessionIdCollisionError
 from .._model.events import (
     Message,
     RequestContext,
@@ -64,6 +64,10 @@ class AgentLoop(ToolSteps):
     :param session: An existing live session of ``store`` to drive instead (used by :meth:`resume`).
     :param system: Optional system prompt (part of the request header).
     :param max_parallel_tool_calls: Bound on concurrently dispatched parallel-safe calls (positive int).
+    :param require_checkpoint_policy: When the host persists sessions (a coordinator is registered) but no
+        checkpoint policy is (``pip install dsh-session-checkpoint-policy``), refuse with
+        :class:`CheckpointPolicyMissingError`: without it nothing is durable before a model request or a tool call.
+        ``False`` opts out and runs without checkpoints (a crash may then lose the turn or repeat a tool).
 
     The loop is the ``agent`` the boundary hooks receive; it exposes :attr:`session`. Call :meth:`close` when done
     (it detaches the loop from the host runtime; disposing the session is the caller's business).
@@ -82,9 +86,12 @@ class AgentLoop(ToolSteps):
         session: Session | None = None,
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
+        require_checkpoint_policy: bool = True,
     ) -> None:
         if type(max_parallel_tool_calls) is not int or max_parallel_tool_calls < 1:
             raise ValueError("max_parallel_tool_calls must be a positive integer")
+        if require_checkpoint_policy:
+            _check_checkpoint_policy(host)
         provider = provider or _adapter_name(adapter, "provider")
         model = model or _adapter_name(adapter, "model")
         if not provider or not model:
@@ -122,6 +129,7 @@ class AgentLoop(ToolSteps):
         self._slots: list[_Slot] = []  # the current step's started tool calls
         self._requested = False  # whether this loop instance already logged a request header
         self._closed = False
+        self._require_checkpoint_policy = require_checkpoint_policy
         self._preflight_done = not self._owns_session  # a created session is checked against storage first
 
     @classmethod
@@ -138,6 +146,7 @@ class AgentLoop(ToolSteps):
         model: str | None = None,
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
+        require_checkpoint_policy: bool = True,
     ) -> AgentLoop:
         """Load a stored session and continue it in a new loop.
 
@@ -149,11 +158,24 @@ class AgentLoop(ToolSteps):
         ``provider``, ``model`` and ``system`` default to those of the session's last request header (then to the
         adapter's attributes), so a resume names only what is not stored: the adapter and the tools.
         """
+        if require_checkpoint_policy:
+            _check_checkpoint_policy(host)  # before the load commits any repair
         view = await persistence.load(session_id)
         session = store.create(
             session_id, seed=view.events, meta=view.meta, inherited_event_count=view.inherited_event_count
         )
-        return cls._continuing(host, store, session, adapter, tools, provider, model, system, max_parallel_tool_calls)
+        return cls._continuing(
+            host,
+            store,
+            session,
+            adapter,
+            tools,
+            provider,
+            model,
+            system,
+            max_parallel_tool_calls,
+            require_checkpoint_policy,
+        )
 
     @classmethod
     def _continuing(
@@ -167,6 +189,7 @@ class AgentLoop(ToolSteps):
         model: str | None,
         system: str | None,
         max_parallel_tool_calls: int,
+        require_checkpoint_policy: bool = True,
     ) -> AgentLoop:
         """A loop on ``session``, a live session seeded with stored history (a resume or a fork's child): what the
         caller leaves as ``None`` of provider, model and system comes from its last request header."""
@@ -186,6 +209,7 @@ class AgentLoop(ToolSteps):
             session=session,
             system=system,
             max_parallel_tool_calls=max_parallel_tool_calls,
+            require_checkpoint_policy=require_checkpoint_policy,
         )
 
     # ---------------------------------------------------------------------------------------------
@@ -267,6 +291,8 @@ class AgentLoop(ToolSteps):
             raise RuntimeError("a turn is already running on this agent loop")
         if self._session.has_open_turn():
             raise RuntimeError(f'session "{self._session.id}" has an open turn')
+        if self._require_checkpoint_policy:
+            _check_checkpoint_policy(self.host)  # persistence may have been registered after construction
         if not self._preflight_done:
             await self.ready()
         signal = CancelSignal()
@@ -503,6 +529,12 @@ class AgentLoop(ToolSteps):
     def __repr__(self) -> str:
         state = "running" if self._signal is not None else "idle"
         return f"<AgentLoop session={self._session.id!r} {state}>"
+
+
+def _check_checkpoint_policy(host: Host) -> None:
+    """Refuse an agent on a persisting host without a checkpoint policy (nothing would be durable in time)."""
+    if host.has_session_flush() and not host.has_checkpoint_policy():
+        raise CheckpointPolicyMissingError()
 
 
 def _adapter_name(adapter: object, attribute: str) -> str | None:

@@ -33,7 +33,7 @@ from .._model.errors import SessionNotFoundError, SessionPersistenceError
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
 from .._model.views import SessionInspection
-from .agent import AgentLoop
+from .agent import AgentLoop, _check_checkpoint_policy
 from .protocols import DEFAULT_MAX_PARALLEL_TOOL_CALLS, ModelAdapter, Tool
 
 __all__ = ["DEFAULT_BACKEND", "ROOT_ENV", "BackendNotFoundError", "Sessions", "default_sessions_root", "open_sessions"]
@@ -97,10 +97,18 @@ class Sessions:
     to the stored session's last request header.
     """
 
-    def __init__(self, host: Host, store: SessionStore, persistence: PersistenceCoordinator) -> None:
+    def __init__(
+        self,
+        host: Host,
+        store: SessionStore,
+        persistence: PersistenceCoordinator,
+        *,
+        require_checkpoint_policy: bool = True,
+    ) -> None:
         self.host = host
         self.store = store
         self.persistence = persistence
+        self.require_checkpoint_policy = require_checkpoint_policy
         self._agents: list[AgentLoop] = []
 
     @property
@@ -133,6 +141,7 @@ class Sessions:
             session_id=session_id,
             system=system,
             max_parallel_tool_calls=max_parallel_tool_calls,
+            require_checkpoint_policy=self.require_checkpoint_policy,
         )
         await agent.ready()
         self._agents.append(agent)
@@ -161,6 +170,7 @@ class Sessions:
             model=model,
             system=system,
             max_parallel_tool_calls=max_parallel_tool_calls,
+            require_checkpoint_policy=self.require_checkpoint_policy,
         )
         self._agents.append(agent)
         return agent
@@ -207,6 +217,8 @@ class Sessions:
         committed, nothing is appended to it). ``SessionForkError`` (code ``INVALID_BOUNDARY``) if turn ``turn``
         did not end in the source; ``SessionNotFoundError`` if there is no such session.
         """
+        if self.require_checkpoint_policy:
+            _check_checkpoint_policy(self.host)  # before the child is made (a disposed child is still stored)
         live = self.store.get(source_id)
         if live is not None:
             child = self.store.fork(live, turn_boundary(source_id, live.events, turn), child_id)
@@ -215,7 +227,16 @@ class Sessions:
             child = self._seed_child(source_id, view, turn, child_id)
         try:
             agent = AgentLoop._continuing(
-                self.host, self.store, child, adapter, tools, provider, model, system, max_parallel_tool_calls
+                self.host,
+                self.store,
+                child,
+                adapter,
+                tools,
+                provider,
+                model,
+                system,
+                max_parallel_tool_calls,
+                self.require_checkpoint_policy,
             )
         except BaseException:
             self.store.dispose(child)
@@ -281,6 +302,7 @@ async def open_sessions(
     *,
     backend: str | SessionBackend | None = None,
     host: Host | None = None,
+    require_checkpoint_policy: bool = True,
     **backend_options: Any,
 ) -> AsyncIterator[Sessions]:
     """Open the session store at ``root`` for the duration of an ``async with`` block.
@@ -290,6 +312,11 @@ async def open_sessions(
         a ready backend instance (then ``root`` and ``backend_options`` are not used).
     :param host: The plugin host to use; by default a new one with every installed ``dsh.session`` plugin loaded
         (the checkpoint policy, which makes each model request and tool call durable first, when installed).
+    :param require_checkpoint_policy: Agents started here (``create``, ``resume``, ``resume_or_create``, ``fork``)
+        refuse with ``CheckpointPolicyMissingError`` when no checkpoint policy is registered (``pip install
+        dsh-session-checkpoint-policy``, or ``pip install dsh-sessions`` for the safe set): without one nothing is
+        made durable before a model request or a tool call. ``False`` opts out and runs them without checkpoints.
+        Reading (``list``, ``inspect``, ``load``) never needs the policy.
     :param backend_options: Constructor options of the backend (e.g. ``compression="none"``).
 
     On leaving the block every session opened through it is flushed and retired, then the coordinator closes.
@@ -305,7 +332,7 @@ async def open_sessions(
         instance = backend
     store = host.sessions if host.sessions is not None else SessionStore(host)
     async with PersistenceCoordinator(host, instance) as persistence:
-        sessions = Sessions(host, store, persistence)
+        sessions = Sessions(host, store, persistence, require_checkpoint_policy=require_checkpoint_policy)
         try:
             yield sessions
         except BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "CheckpointPolicyMissingError",
     "EventValidationError",
     "IncompleteInheritedPrefixError",
     "LifecycleArgumentError",
@@ -128,6 +129,23 @@ class SessionLockedError(SessionPersistenceError):
         super().__init__(f'session "{session_id}" is locked{who}; one writer per session')
         self.session_id = session_id
         self.holder = holder
+
+
+class CheckpointPolicyMissingError(SessionPersistenceError):
+    """An agent would run on persisted sessions with no checkpoint policy registered on its host.
+
+    Without one, nothing is made durable before a model request or a tool's side effect: a crash can lose the
+    conversation or repeat a tool. Install it (``pip install dsh-session-checkpoint-policy``, or the safe set
+    ``pip install dsh-sessions``), or opt out explicitly with ``require_checkpoint_policy=False``.
+    """
+
+    def __init__(self, what: str = "this agent") -> None:
+        super().__init__(
+            f"no checkpoint policy is registered, so {what} would make nothing durable before a model request or "
+            "a tool call (a crash can lose the conversation or repeat a tool's side effect): "
+            "pip install dsh-session-checkpoint-policy (or pip install dsh-sessions for the safe set), "
+            "or pass require_checkpoint_policy=False to run without checkpoints"
+        )
 
 
 class SessionLiveError(SessionPersistenceError):
