@@ -4,7 +4,9 @@ retirement, durable writes): the durable bookkeeping of each id and the backend 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -42,7 +44,8 @@ class SessionState:
 
     ``cursor`` is the stored length (the next seq). ``doubt`` is a write whose outcome is still unknown: no
     other write runs before a read-back settles it. ``settled`` is the last batch a read-back acknowledged, so
-    a caller retrying exactly that batch is acknowledged instead of refused.
+    a caller retrying exactly that batch is acknowledged instead of refused. ``running`` is set while a durable
+    write runs (its caller may have left at its deadline): the next write waits for it first.
     """
 
     storage: StorageMetadata
@@ -51,6 +54,7 @@ class SessionState:
     owner: Session | None
     doubt: PendingWrite | None = None
     settled: tuple[SessionEvent, ...] = field(default=())
+    running: anyio.Event | None = None
 
 
 class Outcome:
@@ -98,6 +102,10 @@ class CoordinatorCore:
         self.reservations: dict[str, int] = {}
         self.retirements: dict[str, Outcome] = {}
         self.leases = LeaseTable(self.caps.acquire_writer_lease)
+        #: Starts a task in the coordinator's task group (set once it runs): durable writes outlive their callers.
+        self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
+        #: Durable writes still running (a caller left at its deadline): the coordinator closes after them.
+        self.running_writes: set[anyio.Event] = set()
 
     def location(self, meta: SessionHeader) -> str | None:
         """The artifact path of ``meta`` for error messages (``None`` without one, or if ``locate`` fails)."""
