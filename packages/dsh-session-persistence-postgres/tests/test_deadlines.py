@@ -107,3 +107,36 @@ async def test_a_deadline_bounds_calls_on_a_black_holed_network(
         proxy.close_all()
         await backend.aclose()
     assert await _stored(postgres_dsn, schema, "bh") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)
+
+
+async def test_a_deadline_releases_a_caller_of_the_coordinator(postgres_dsn: str, schema: str) -> None:
+    """Through the coordinator (whose writes run shielded): the caller of ``append`` leaves at its deadline while
+    the write waits on a row lock; the write goes on in the coordinator's task group, and the caller's retry of
+    the same batch, sent before the lock is released, waits for it and is acknowledged once."""
+    rig = ConformanceRig(lambda: PostgresBackend(postgres_dsn, schema=schema, lock_timeout=None), _no_plant)
+    holder: psycopg.Connection[object] | None = None
+    try:
+        async with rig.open() as p:
+            assert isinstance(p.persistence, PersistenceCoordinator)
+            await p.persistence.create(meta("co"))
+            await p.persistence.append("co", one_turn_log())
+            holder = await _lock_row(postgres_dsn, schema, "co")
+            with anyio.fail_after(SAFETY_NET):
+                with pytest.raises(TimeoutError):
+                    with anyio.fail_after(0.5):
+                        await p.persistence.append("co", simple_turn(6, 2))
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(p.persistence.append, "co", simple_turn(6, 2))
+                    await anyio.sleep(0.2)
+                    await anyio.to_thread.run_sync(holder.rollback)
+                await p.persistence.append("co", simple_turn(9, 3))
+                loaded = await p.persistence.load("co")
+                assert list(loaded.events) == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)
+    finally:
+        if holder is not None:
+            await anyio.to_thread.run_sync(holder.close)
+    assert await _stored(postgres_dsn, schema, "co") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)
+
+
+async def _no_plant(*args: object, **kwargs: object) -> None:
+    raise AssertionError("not used")

@@ -29,7 +29,13 @@ _logger = logging.getLogger("dsh.session_persistence")
 
 
 async def settle_doubt(core: CoordinatorCore, session_id: str, state: SessionState) -> None:
-    """Settle an earlier in-doubt write of ``state`` before anything else is written (no-op without one)."""
+    """Settle an earlier in-doubt write of ``state`` before anything else is written (no-op without one).
+
+    A write still running (its caller left at its deadline) is waited for first.
+    """
+    running = state.running
+    if running is not None:
+        await running.wait()
     pending = state.doubt
     if pending is None:
         return
@@ -51,6 +57,64 @@ async def ensure_lease(core: CoordinatorCore, session_id: str, state: SessionSta
 
 
 async def _run(
+    core: CoordinatorCore,
+    session_id: str,
+    state: SessionState,
+    pending: PendingWrite,
+    primitive: Callable[[], Awaitable[None]],
+) -> None:
+    """Run one durable write in the coordinator's task group and wait for it; a cancelled caller leaves at once.
+
+    The write itself is never cancelled (it runs shielded, to its end, bounded by the backend's own timeouts):
+    only the caller's wait is. The session's next write waits for it (:func:`settle_doubt`), and a batch it
+    stored after its caller left is acknowledged when that caller retries it unchanged.
+    """
+    spawn = core.spawn
+    if spawn is None:  # not running in a task group (a coordinator driven directly): the caller waits
+        await _run_to_end(core, session_id, state, pending, primitive)
+        return
+    done = anyio.Event()
+    caller = {"left": False, "completed": False}
+    failure: list[Exception] = []
+
+    async def job() -> None:
+        try:
+            await _run_to_end(core, session_id, state, pending, primitive)
+            caller["completed"] = True
+            if caller["left"] and not pending.replaced:
+                state.settled = pending.events  # the caller never heard: its unchanged retry is acknowledged
+        except Exception as exc:  # the caller's error; if it left, the state says what the next write must do
+            failure.append(exc)
+            if caller["left"]:
+                _logger.warning(
+                    '%s: %s for session "%s", abandoned by its caller, failed: %s',
+                    core.name,
+                    pending.action,
+                    session_id,
+                    exc,
+                )
+        finally:
+            done.set()
+            core.running_writes.discard(done)
+            if state.running is done:
+                state.running = None
+
+    state.running = done
+    core.running_writes.add(done)
+    spawn(job)
+    try:
+        await done.wait()
+    except anyio.get_cancelled_exc_class():
+        caller["left"] = True
+        raise
+    if failure:
+        raise failure[0]
+    if not caller["completed"]:
+        state.doubt = pending  # the write task itself was cancelled (the coordinator is closing): read back first
+        raise SessionWriteInDoubtError(f'session "{session_id}": the {pending.action} was interrupted; read it back')
+
+
+async def _run_to_end(
     core: CoordinatorCore,
     session_id: str,
     state: SessionState,

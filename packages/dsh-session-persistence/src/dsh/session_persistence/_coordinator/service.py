@@ -135,6 +135,7 @@ class PersistenceCoordinator:
         finally:
             if stack is not None:
                 self._stack = None
+                self._core.spawn = None
                 if self._tg is not None:
                     # Only idle timers can be left; the body of ``async with`` has finished.
                     self._tg.cancel_scope.cancel()
@@ -153,6 +154,8 @@ class PersistenceCoordinator:
         stack = AsyncExitStack()
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
+        tg = self._tg
+        self._core.spawn = lambda job: tg.start_soon(job)  # durable writes run here: a caller can leave at its deadline
         if self._livepath.scheduler is None:
             self._livepath.scheduler = TaskGroupScheduler(self._spawn)
         self._host.register(self._hooks, name=f"dsh-session-persistence-{id(self):x}")
@@ -182,6 +185,9 @@ class PersistenceCoordinator:
         finally:
             close_error: Exception | None = None
             try:
+                with anyio.CancelScope(shield=True):
+                    for running in builtins.list(self._core.running_writes):  # writes whose callers left
+                        await running.wait()
                 await self._core.leases.release_all()
                 close = self._core.caps.aclose
                 if close is not None:

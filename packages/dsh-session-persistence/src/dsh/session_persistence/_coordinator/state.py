@@ -4,6 +4,7 @@ retirement, durable writes): the durable bookkeeping of each id and the backend 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +46,8 @@ class SessionState:
 
     ``cursor`` is the stored length (the next seq). ``doubt`` is a write whose outcome is still unknown: no
     other write runs before a read-back settles it. ``settled`` is the last batch a read-back acknowledged, so
-    a caller retrying exactly that batch is acknowledged instead of refused.
+    a caller retrying exactly that batch is acknowledged instead of refused. ``running`` is set while a durable
+    write runs (its caller may have left at its deadline): the next write waits for it first.
     """
 
     storage: StorageMetadata
@@ -54,6 +56,7 @@ class SessionState:
     owner: Session | None
     doubt: PendingWrite | None = None
     settled: tuple[SessionEvent, ...] = field(default=())
+    running: anyio.Event | None = None
 
 
 class Outcome:
@@ -108,6 +111,10 @@ class CoordinatorCore:
         self.closed = False
         # Cold reads kept for a resume right after a preview (values: cold_path.Prepared).
         self.preparations: PreparationCache[Any] = PreparationCache(prepared_sessions, _prepared_size)
+        #: Starts a task in the coordinator's task group (set once it runs): durable writes outlive their callers.
+        self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
+        #: Durable writes still running (a caller left at its deadline): the coordinator closes after them.
+        self.running_writes: set[anyio.Event] = set()
 
     def require_open(self) -> None:
         """Refuse work once the coordinator has closed."""
