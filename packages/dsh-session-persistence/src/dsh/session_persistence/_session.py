@@ -30,6 +30,7 @@ from ._events import (
     Message,
     RequestHeader,
     SessionEvent,
+    ToolReconcile,
     ToolResult,
     UserMessage,
 )
@@ -37,6 +38,7 @@ from ._fork import SessionForkError, fork_seed
 from ._gather import gather_settled
 from ._header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
 from ._json import is_safe_int, snapshot_json
+from ._reconcile import substitute_finding
 from ._repair import has_open_turn
 from ._validator import TurnValidator, validate_turns
 
@@ -216,6 +218,8 @@ class Session:
                 self._messages.append(message)
         elif isinstance(event, ToolResult):
             self._messages.append(event.data.message)
+        elif type(event) is ToolReconcile:
+            substitute_finding(self._messages, self._events, event)
 
     # ----------------------------------------------------------------------------------------------------------
     # Write side
