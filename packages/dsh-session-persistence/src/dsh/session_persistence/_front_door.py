@@ -33,6 +33,7 @@ from ._header import SessionHeader
 from ._host import Host
 from ._loop_agent import AgentLoop
 from ._loop_protocols import DEFAULT_MAX_PARALLEL_TOOL_CALLS, ModelAdapter, Tool
+from ._reconcile import DEFAULT_RECONCILE_TIMEOUT_S
 from ._session import Session, SessionStore
 from ._views import SessionInspection
 
@@ -148,8 +149,15 @@ class Sessions:
         model: str | None = None,
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
+        reconcile: bool = True,
+        reconcile_timeout: float = DEFAULT_RECONCILE_TIMEOUT_S,
     ) -> AgentLoop:
-        """Continue a stored session (crash-repaired first); ``SessionNotFoundError`` if there is none."""
+        """Continue a stored session (crash-repaired first); ``SessionNotFoundError`` if there is none.
+
+        As in :meth:`AgentLoop.resume`, each unknown-outcome call of a tool that offers a reconciliation check is
+        checked first (``reconcile=False`` skips that); ``agent.interrupted_turn`` then says whether a crash cut
+        the last turn, and ``await agent.continue_interrupted()`` carries it on without a new user message.
+        """
         agent = await AgentLoop.resume(
             self.host,
             self.store,
@@ -161,6 +169,8 @@ class Sessions:
             model=model,
             system=system,
             max_parallel_tool_calls=max_parallel_tool_calls,
+            reconcile=reconcile,
+            reconcile_timeout=reconcile_timeout,
         )
         self._agents.append(agent)
         return agent
@@ -175,6 +185,8 @@ class Sessions:
         model: str | None = None,
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
+        reconcile: bool = True,
+        reconcile_timeout: float = DEFAULT_RECONCILE_TIMEOUT_S,
     ) -> AgentLoop:
         """:meth:`resume` the session if it is stored, else :meth:`create` it."""
         options: dict[str, Any] = {
@@ -184,7 +196,9 @@ class Sessions:
             "max_parallel_tool_calls": max_parallel_tool_calls,
         }
         try:
-            return await self.resume(session_id, adapter, tools, **options)
+            return await self.resume(
+                session_id, adapter, tools, reconcile=reconcile, reconcile_timeout=reconcile_timeout, **options
+            )
         except SessionNotFoundError:
             return await self.create(session_id, adapter, tools, **options)
 
