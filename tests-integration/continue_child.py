@@ -128,9 +128,7 @@ def tools(args: argparse.Namespace, root: Path, marker: Path) -> list[FunctionTo
         return Reconciliation.did_not_happen()
 
     return [
-        FunctionTool(
-            "charge", charge, with_call_id=True, check=None if args.check == "none" else check_charge
-        ),
+        FunctionTool("charge", charge, with_call_id=True, check=None if args.check == "none" else check_charge),
         FunctionTool("notify", notify, with_call_id=True, check=check_notify),
     ]
 

@@ -33,7 +33,9 @@ READY_TIMEOUT_S = 60.0
 COMBOS = [("asyncio", "none"), ("trio", "zstd"), ("asyncio", "zstd"), ("trio", "none")]
 
 
-def child(root: Path, phase: str, backend: str, compression: str, *, kill_in: str = "nowhere", check: str = "ok") -> int:
+def child(
+    root: Path, phase: str, backend: str, compression: str, *, kill_in: str = "nowhere", check: str = "ok"
+) -> int:
     """Run one child phase; with ``kill_in`` SIGKILL it at that marker. Returns its exit status."""
     marker = root / "marker"
     marker.write_bytes(b"")
