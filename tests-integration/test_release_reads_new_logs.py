@@ -126,3 +126,33 @@ def test_release_reads_a_freshly_written_continued_log(
     assert child(tmp_path, "resume", backend, compression, kill_in="notify") == -9
     assert child(tmp_path, "resume", backend, compression) == 0
     check_release_view(read_with_release(release, tmp_path / "sessions", compression), "continued-twice")
+
+
+def test_cli_show_and_verify_display_the_reconciliation(tmp_path: Path) -> None:
+    root = tmp_path / "sessions"
+    shutil.copytree(GOLDEN / "none" / "continued-twice" / "sessions", root)
+    cli = [sys.executable, "-m", "dsh.session_persistence._cli", "--root", str(root), "-o", "compression=none"]
+
+    def run(*args: str) -> str:
+        proc = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    shown = run("show", "continue-crash")
+    assert "reconciled charge [charge-1]: happened (found in the ledger)" in shown
+    assert "[REPAIRED: TOOL_OUTCOME_UNKNOWN] [RECONCILED: happened, see below]" in shown
+    assert "(continues interrupted turn 1: no new user message)" in shown
+    document = json.loads(run("show", "--json", "continue-crash"))
+    assert [(f["callId"], f["outcome"]) for f in document["resume"]["reconciled"]] == [
+        ("charge-1", "happened"),
+        ("notify-4", "happened"),
+    ]
+    assert document["resume"]["continued"] == [{"turn": 2, "interruptedTurn": 1}, {"turn": 3, "interruptedTurn": 2}]
+    assert document["resume"]["unknownOutcomes"] == []
+    verified = run("verify")
+    assert "reconciled charge [charge-1]: happened" in verified and "turn 3 continues interrupted turn 2" in verified
+    report = json.loads(run("verify", "--json"))["sessions"][0]
+    assert report["resume"]["continued"][1] == {"turn": 3, "interruptedTurn": 2}
+    assert (root / "_no-cwd" / "continue-crash" / "session.jsonl").read_bytes() == (
+        GOLDEN / "none" / "continued-twice" / "sessions" / "_no-cwd" / "continue-crash" / "session.jsonl"
+    ).read_bytes()  # read-only

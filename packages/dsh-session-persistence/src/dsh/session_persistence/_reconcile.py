@@ -48,7 +48,7 @@ DEFAULT_RECONCILE_TIMEOUT_S = 10.0
 
 TOOL_RECONCILED_HAPPENED_TEXT = (
     "The tool call was interrupted by a crash after it was recorded. A reconciliation check by its call id found "
-    "that it DID take effect (exactly once); its result follows. Do not run it again for the same purpose."
+    "that it DID take effect; its result follows. Do not run it again for the same purpose."
 )
 TOOL_RECONCILED_NOT_HAPPENED_TEXT = (
     "The tool call was interrupted by a crash after it was recorded. A reconciliation check by its call id found "
