@@ -10,7 +10,7 @@ Usage: ``python continue_child.py <phase> <root> <marker> [--backend B] [--compr
 
 ``--kill-in charge|check|notify``: the point where the child writes ``<where>`` to the marker and blocks (the
 parent SIGKILLs it): inside ``charge`` after the ledger write, inside the charge check, inside ``notify`` after the
-outbox write. ``--check ok|raise|hang|cannot-tell|none`` chooses what ``charge``'s reconciliation check does (none:
+outbox write, right after ``resume`` returned (``resumed``). ``--check ok|raise|hang|cannot-tell|none`` chooses what ``charge``'s reconciliation check does (none:
 the tool offers no check). Every model request's messages are appended to ``requests.jsonl`` (one JSON line per
 request, written before the answer streams), so the parent sees what the model was shown.
 """
@@ -149,6 +149,8 @@ async def run(args: argparse.Namespace) -> None:
         loop = await AgentLoop.resume(
             host, store, coordinator, SESSION_ID, model, tools(args, root, marker), reconcile_timeout=0.5
         )
+        if args.kill_in == "resumed":
+            await block(marker, "resumed")  # the findings must already be durable: nothing else flushes them
         findings = [msgspec.to_builtins(e.data) for e in loop.session.events if e.type == "tool/reconcile"]
         turns = []
         while loop.interrupted_turn is not None:
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     parser.add_argument("--compression", choices=["zstd", "none"], default="none")
     parser.add_argument("--check", choices=["ok", "raise", "hang", "cannot-tell", "none"], default="ok")
-    parser.add_argument("--kill-in", choices=["charge", "check", "notify", "nowhere"], default="nowhere")
+    parser.add_argument("--kill-in", choices=["charge", "check", "notify", "resumed", "nowhere"], default="nowhere")
     args = parser.parse_args(argv)
     anyio.run(run, args, backend=args.backend)
 

@@ -180,3 +180,11 @@ def test_a_tool_without_a_check_is_not_reconciled(tmp_path: Path) -> None:
     assert result(tmp_path)["findings"] == []
     [text] = charge_texts(requests(tmp_path)[1])
     assert text == TOOL_OUTCOME_UNKNOWN_TEXT
+
+
+@pytest.mark.parametrize(("backend", "compression"), COMBOS[:2])
+def test_findings_are_durable_when_resume_returns(tmp_path: Path, backend: str, compression: str) -> None:
+    assert child(tmp_path, "start", backend, compression, kill_in="charge") == -9
+    assert child(tmp_path, "resume", backend, compression, kill_in="resumed") == -9
+    [finding] = [e for e in stored(tmp_path, compression) if e.type == "tool/reconcile"]
+    assert (finding.data.call_id, finding.data.outcome) == ("charge-1", "happened")
