@@ -18,7 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from dsh.session_persistence import Session
+from dsh.session_persistence.invariant import validate_turns
+from dsh.session_persistence_jsonl import JsonlBackend
 from test_continue_crash import child
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,3 +160,24 @@ def test_cli_show_and_verify_display_the_reconciliation(tmp_path: Path) -> None:
     assert (root / "_no-cwd" / "continue-crash" / "session.jsonl").read_bytes() == (
         GOLDEN / "none" / "continued-twice" / "sessions" / "_no-cwd" / "continue-crash" / "session.jsonl"
     ).read_bytes()  # read-only
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("shape", ["continued-twice", "not-happened", "cannot-tell"])
+def test_this_tree_validates_the_golden_logs_and_shows_the_findings(compression: str, shape: str) -> None:
+    async def read() -> list[Any]:
+        backend = JsonlBackend(GOLDEN / compression / shape / "sessions", compression=compression)
+        log = await backend.load_stored("continue-crash")
+        return list(log.events)
+
+    events = anyio.run(read)
+    validate_turns(events)  # the hypothesis-tested validator, on logs the real resume paths wrote
+    session = Session("continue-crash", seed=events)
+    [text] = [
+        " ".join(getattr(b, "text", "") for b in block.content)
+        for message in session.derive_messages()
+        for block in message.content
+        if getattr(block, "tool_call_id", None) == "charge-1"
+    ]
+    expected = {"continued-twice": "DID take effect", "not-happened": "did NOT take effect"}.get(shape, UNKNOWN_PREFIX)
+    assert expected in text
