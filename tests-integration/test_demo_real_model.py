@@ -2,8 +2,9 @@
 
 The installed console script runs the whole demo in real processes: its child talks to the server over HTTP
 through the adapter (found by its entry point), is SIGKILLed inside ``pay_deposit`` and the parent resumes on the
-same adapter. The server's record of what was sent shows the model got the truth: the interrupted calls answered
-with the crash-repair texts. POSIX only (the demo needs SIGKILL).
+same adapter. The server's record of what was sent shows the model got the truth: the deposit answered with what
+``pay_deposit``'s reconciliation check found in the ledger, the receipt with the crash-repair text, and no new user
+message (the cut turn is continued). POSIX only (the demo needs SIGKILL).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from dsh.session_adapter_openai.testing import FakeChatServer, StatusReply, StreamReply, text_reply, tool_call_reply
-from dsh.session_persistence.repair import TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN_TEXT
+from dsh.session_persistence.loop import TOOL_RECONCILED_HAPPENED_TEXT
+from dsh.session_persistence.repair import TOOL_NOT_STARTED_TEXT
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="the demo needs SIGKILL")
 
@@ -46,8 +48,8 @@ def crash_and_resume_replies() -> list[StreamReply | StatusReply]:
         text_reply("Clear and 18 C in Lisbon tonight."),
         # Turn 2 (child): both calls in one response; the child dies inside pay_deposit.
         tool_call_reply([DEPOSIT, RECEIPT]),
-        # Turn 3 (parent, after the resume): check, then send the receipt that certainly never went out, then answer.
-        tool_call_reply([("call_check", "check_payments", {"restaurant": "Taberna"})]),
+        # Turn 3 (parent, continuing turn 2 after the resume and the ledger check): send the receipt that certainly
+        # never went out, then answer.
         tool_call_reply([("call_receipt_2", "send_receipt", {"to": "you@example.com"})]),
         text_reply("Your deposit was charged once and the receipt is on its way."),
     ]
@@ -70,8 +72,8 @@ def test_demo_on_the_openai_adapter_kills_resumes_and_tells_the_model_the_truth(
     work = Path(report["work"])
     assert sorted(os.listdir(work / "ledger")) == ["call_deposit"]  # paid once, before the kill
     assert sorted(os.listdir(work / "outbox")) == ["call_receipt_2"]
-    # Six requests: three from the killed child, three from the resumed parent; both had the key and the schemas.
-    assert len(server.requests) == 6
+    # Five requests: three from the killed child, two from the resumed parent; both had the key and the schemas.
+    assert len(server.requests) == 5
     assert {h["authorization"] for h in server.headers} == {"Bearer test-key"}
     for body in server.requests:
         assert body["model"] == "fake-model"
@@ -84,13 +86,15 @@ def test_demo_on_the_openai_adapter_kills_resumes_and_tells_the_model_the_truth(
         "properties": {"restaurant": {"type": "string"}, "amount_eur": {"type": "number"}},
         "required": ["restaurant", "amount_eur"],
     }
-    # The first request after the resume carries the repaired turn 2: the model learns the deposit's outcome is
-    # unknown (not that it failed, not silence) and that the receipt certainly never went out.
+    # The first request after the resume carries the repaired and reconciled turn 2: the model learns the deposit
+    # was charged (what the ledger check found, in the call's own result) and that the receipt never went out; the
+    # request ends with those results, no new user message.
     resumed = server.requests[3]["messages"]
     tool_messages = {m["tool_call_id"]: m["content"] for m in resumed if m["role"] == "tool"}
-    assert tool_messages["call_deposit"] == TOOL_OUTCOME_UNKNOWN_TEXT
+    assert tool_messages["call_deposit"].startswith(TOOL_RECONCILED_HAPPENED_TEXT)
+    assert "paid: charged 20 EUR to Taberna" in tool_messages["call_deposit"]
     assert tool_messages["call_receipt"] == TOOL_NOT_STARTED_TEXT
-    assert resumed[-1] == {"role": "user", "content": "Did the booking go through? Please don't pay twice."}
+    assert resumed[-1]["role"] == "tool" and [m["role"] for m in resumed].count("user") == 2
     # The stored session names the real provider and model, and reads back clean.
     exported = subprocess.run(
         [str(SCRIPT), "--root", report["root"], "export", report["sessionId"]],
@@ -111,7 +115,7 @@ def test_demo_on_the_openai_adapter_kills_resumes_and_tells_the_model_the_truth(
 
 def test_a_careless_model_is_reported_not_judged_and_the_key_flag_reaches_both_processes(tmp_path: Path) -> None:
     again = tool_call_reply([("call_deposit_again", "pay_deposit", {"restaurant": "Taberna", "amount_eur": 20})])
-    replies = [*crash_and_resume_replies()[:3], again, text_reply("Paid.")]
+    replies = [*crash_and_resume_replies()[:3], again, text_reply("Paid.")]  # told it was paid, it pays again
     with FakeChatServer(replies) as server:
         url = server.base_url
         result = demo(tmp_path, "--model", "fake-model", "--base-url", url, "--api-key", "flag-key", key=None)
@@ -120,7 +124,7 @@ def test_a_careless_model_is_reported_not_judged_and_the_key_flag_reaches_both_p
     assert f"demo: model fake-model at {url} (dsh-session-adapter-openai)" in out
     assert "append tool/result TOOL_OUTCOME_UNKNOWN for call call_deposit" in out
     assert "turn 3 ended: completed" in out
-    # The model was told the truth and paid again anyway: the demo says so instead of failing or hiding it.
+    # The model was told the deposit was paid and paid again anyway: the demo says so instead of failing or hiding it.
     assert "the ledger holds 2\ncharge(s) and the outbox 0 receipt(s) (completed turn 3: Paid.)" in out
     assert {h["authorization"] for h in server.headers} == {"Bearer flag-key"}  # the child got it by environment
     assert len(server.requests) == 5

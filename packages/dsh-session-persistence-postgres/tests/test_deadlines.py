@@ -15,8 +15,9 @@ import anyio
 import anyio.to_thread
 import psycopg
 import pytest
+from dsh.session_persistence import PersistenceCoordinator
 from dsh.session_persistence.backend import StorageMetadata
-from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
+from dsh.session_persistence.testing import ConformanceRig, meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 
 from ._proxy import PgProxy

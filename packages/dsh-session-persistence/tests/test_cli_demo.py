@@ -52,6 +52,12 @@ def test_demo_kills_resumes_and_explains(tmp_path: Path) -> None:
     assert "send_receipt [call-receipt]  [REPAIRED: TOOL_NOT_STARTED]" in out
     assert "turn 2 ended: interrupted  [REPAIRED: closed by crash repair]" in out
     assert "--- resumed here" in out and "turn 3 ended: completed" in out
+    # Reconciled against the ledger, then the cut turn continued without a new user message.
+    assert "reconciled pay_deposit [call-deposit]: happened (found in the ledger: charged once)" in out
+    assert "[REPAIRED: TOOL_OUTCOME_UNKNOWN] [RECONCILED: happened" in out
+    assert "(continues interrupted turn 2: no new user message)" in out
+    assert "turn 3 continued the interrupted turn 2 and ended completed" in out
+    assert "Please don't pay twice" not in out  # no new user message
     assert "What the repairs mean:" in out
     # The side effect happened exactly once: the resumed agent checked instead of paying again.
     assert sorted(os.listdir(work / "ledger")) == ["call-deposit"]
@@ -76,6 +82,10 @@ def test_demo_kills_resumes_and_explains(tmp_path: Path) -> None:
         (None, "interrupted"),
     ]
     assert not any(e.get("pending") for e in entries)  # the resume committed the repair
+    resume = json.loads(show.stdout)["resume"]
+    assert [(f["callId"], f["outcome"]) for f in resume["reconciled"]] == [("call-deposit", "happened")]
+    assert resume["continued"] == [{"turn": 3, "interruptedTurn": 2}]
+    assert [e["kind"] for e in entries].count("user") == 2  # turns 1 and 2 only: the continuation needed none
 
 
 # --- a real model: the options, and the adapter distribution missing ---------------------------------------------

@@ -150,3 +150,37 @@ def test_relative_links_resolve(doc: Path) -> None:
         if "://" in target:
             continue
         assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+
+
+def test_readme_continue_after_crash_example_crashes_reconciles_and_continues(tmp_path: Path) -> None:
+    block = python_block(README, "<!-- example: continue-after-crash -->")
+    assert "session_persistence._" not in block  # public imports only
+    script = tmp_path / "crash_example.py"
+    script.write_text(block, encoding="utf-8")
+    root = tmp_path / "pay"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), str(root), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    crashed = run("crash")
+    assert crashed.returncode == -9, crashed.stderr  # it really SIGKILLed itself inside the tool
+    resumed = run()
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "turn 2: completed: Paid once. (1 charge)"
+    shown = subprocess.run(
+        [sys.executable, "-m", "dsh.session_persistence._cli", "--root", str(root), "show", "pay"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "reconciled pay [c1]: happened" in shown.stdout
+    assert "(continues interrupted turn 1: no new user message)" in shown.stdout

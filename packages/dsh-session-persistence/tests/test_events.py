@@ -36,6 +36,9 @@ SAMPLES: list[dict[str, Any]] = [
     {"type": "session/end-seed", "seq": 0, "time": 1, "data": {}},
     {"type": "todo/write", "seq": 0, "time": 1, "data": {"todos": [{"content": "x", "status": "in_progress"}]}},
     {"type": "plugin/thing", "seq": 0, "time": 1, "data": None, "ignorable": True},
+    {"type": "turn/continue", "seq": 0, "time": 1, "ignorable": True, "data": {"turn": 2, "interruptedTurn": 1}},
+    {"type": "tool/reconcile", "seq": 0, "time": 1, "ignorable": True, "data": {"callId": "c", "name": "pay", "resultSeq": 7, "outcome": "unknown", "detail": "down"}},
+    {"type": "tool/reconcile", "seq": 0, "time": 1, "ignorable": True, "data": {"callId": "c", "name": "pay", "resultSeq": 7, "outcome": "happened", "message": {"id": "m", "role": "user", "content": [{"type": "tool-result", "toolCallId": "c", "content": [{"type": "text", "text": "ok"}]}], "source": {"kind": "tool", "callId": "c"}}}},
 ]  # fmt: skip
 
 

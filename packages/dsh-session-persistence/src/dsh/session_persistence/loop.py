@@ -11,6 +11,10 @@ of a turn in order::
       ... more steps while the model needs to see tool results ...
     turn/end {completed | max-tokens | blocked | aborted{cause} | error{message, code}}
 
+After a crash (``AgentLoop.resume``): each finding of a tool's reconciliation check is a ``tool/reconcile`` event
+between turns, and :meth:`AgentLoop.continue_interrupted` runs a turn whose ``turn/start`` is followed by
+``turn/continue {interruptedTurn}`` and whose first step needs no user message. Both are written ``ignorable``.
+
 Everything it calls goes through the :class:`~dsh.session_persistence.Host` facade (``agent_pre_step``,
 ``llm_stream``, ``tools_execute``), so wrappers such as the checkpoint policy see every boundary. It owns the
 *terminal* implementation of each boundary hook, registered ``trylast=True`` once per host:
@@ -33,6 +37,12 @@ pre-/post-execute policy and approval. A turn is started explicitly with :meth:`
 from __future__ import annotations
 
 from ._host.boundaries import CancelSignal, ModelRequest
+from ._host.reconcile import (
+    DEFAULT_RECONCILE_TIMEOUT_S,
+    TOOL_RECONCILED_HAPPENED_TEXT,
+    TOOL_RECONCILED_NOT_HAPPENED_TEXT,
+    Reconciliation,
+)
 from ._loop.agent import AgentLoop
 from ._loop.protocols import (
     DEFAULT_MAX_PARALLEL_TOOL_CALLS,
@@ -42,12 +52,15 @@ from ._loop.protocols import (
     Tool,
     ToolOutput,
 )
+from ._loop.resume import answer_pending
 from ._loop.tools import ANY_OBJECT_SCHEMA, FunctionTool, tool_spec
 from ._loop.turn_result import TurnReason, TurnResult
+from ._model.errors import NoInterruptedTurnError
 
 __all__ = [
     "ANY_OBJECT_SCHEMA",
     "DEFAULT_MAX_PARALLEL_TOOL_CALLS",
+    "DEFAULT_RECONCILE_TIMEOUT_S",
     "RUNTIME_PLUGIN_NAME",
     "AgentLoop",
     "CancelSignal",
@@ -55,9 +68,14 @@ __all__ = [
     "LlmError",
     "ModelAdapter",
     "ModelRequest",
+    "NoInterruptedTurnError",
+    "Reconciliation",
+    "TOOL_RECONCILED_HAPPENED_TEXT",
+    "TOOL_RECONCILED_NOT_HAPPENED_TEXT",
     "Tool",
     "ToolOutput",
     "TurnReason",
     "TurnResult",
+    "answer_pending",
     "tool_spec",
 ]

@@ -15,7 +15,7 @@ from ._examine import SessionReport, examine
 from ._io import Io
 from ._output import human_size, local_time, table, write_json
 from ._salvage import salvage_events
-from ._transcript import render_transcript, transcript_entries
+from ._transcript import render_transcript, resume_facts, resume_lines, transcript_entries
 from ._walk import closer_plan, report_json, walk
 
 __all__ = ["cmd_export", "cmd_list", "cmd_plugins", "cmd_show", "cmd_stats", "require_readable"]
@@ -59,6 +59,7 @@ async def cmd_show(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         document = report_json(report)
         document["inheritedEventCount"] = report.inspection.inherited_event_count
         document["entries"] = entries
+        document["resume"] = resume_facts(report.events)
         write_json(io.out, document)
         return EXIT_OK
     out = io.out
@@ -76,6 +77,8 @@ async def cmd_show(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     out.write(f"  status    {report.status}\n")
     for line in closer_plan(report):
         out.write(f"            a load would {line}\n")
+    for line in resume_lines(report.events):
+        out.write(f"  resume    {line}\n")
     if report.closers or report.torn is not None:
         out.write(f"            (read-only view: `dsh-sessions repair {report.id}` commits this)\n")
     render_transcript(out, entries)

@@ -8,7 +8,8 @@ OpenAI-compatible adapter (see ``_demo_model``). The story and the kill point ar
    with the checkpoint policy; it completes turn 1 and dies inside turn 2's ``pay_deposit``, after the payment
    was written to the ledger (SIGKILL: no cleanup, no flush, nothing graceful).
 2. This process reads the log (read-only) and says what a load will repair, then resumes the session: the cold
-   load commits the repair and the agent continues with turn 3, which checks the ledger instead of paying twice.
+   load commits the repair, ``pay_deposit``'s reconciliation check finds the charge in the ledger by its call id,
+   and the agent continues the cut turn (turn 3, naming turn 2) with no new user message: it sends the receipt.
 3. It prints the repaired transcript, what each repair means, and the exact commands to look at it again.
 """
 
@@ -30,7 +31,10 @@ import anyio
 import anyio.to_thread
 
 from .._coordinator.service import PersistenceCoordinator
+from .._host.reconcile import describe
 from .._host.session import SessionStore
+from .._model.events import ToolReconcile
+from .._wire.codec import event_to_builtins
 from ..loop import AgentLoop
 from ._context import Stack, load_host, select_backend
 from ._demo_model import API_KEY_ENV, RealModel, adapter_factory, close_adapter, open_adapter, real_model
@@ -38,7 +42,6 @@ from ._demo_script import (
     KILL_MARKER,
     MODEL,
     PROVIDER,
-    RESUME_TURN,
     SESSION_ID,
     SYSTEM,
     DemoModel,
@@ -234,7 +237,9 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
             out.write(f"   On disk: {before.stored_events} events, turn 2 still open. A load will:\n")
             for line in closer_plan(before):
                 out.write(f"     - {line}\n")
-            out.write("3. Resuming: the cold load commits that repair, then the agent runs turn 3.\n")
+            out.write("3. Resuming: the cold load commits that repair; pay_deposit's check looks the charge\n")
+            out.write("   up in the ledger by its call id; then the agent continues turn 2 (as turn 3), with no\n")
+            out.write("   new user message.\n")
             out.flush()
         model: Any = DemoModel(resume_script()) if choice is None else open_adapter(choice)
         try:
@@ -242,7 +247,10 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
             loop = await AgentLoop.resume(
                 host, store, coordinator, session_id, model, demo_tools(work), system=SYSTEM, **names
             )
-            end = await loop.run_turn(RESUME_TURN)
+            findings = [event_to_builtins(e)["data"] for e in loop.session.events if type(e) is ToolReconcile]
+            if loop.interrupted_turn is None:
+                raise CliError("the resumed session has no interrupted turn to continue", EXIT_DEMO_FAILED)
+            end = await loop.continue_interrupted()
             await store.flush(loop.session)
             loop.close()
             store.dispose(loop.session)
@@ -270,6 +278,8 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
                 "child": {"pid": pid, "returncode": returncode, "signal": "SIGKILL"},
                 "charges": len(_ledger(work)),
                 "resumedTurnEnd": end.reason.kind,
+                "continuedTurn": {"turn": end.turn, "interruptedTurn": end.turn - 1},
+                "reconciled": findings,
                 "events": after.stored_events,
                 "repairs": repairs,
                 "entries": entries,
@@ -284,16 +294,21 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
         what = f"{item['name']} [{item['callId']}]" if "callId" in item else f"turn {item['turn']}"
         out.write(f"  {item['code']}: {what}\n")
         out.write(textwrap.fill(item["meaning"], 100, initial_indent="    ", subsequent_indent="    ") + "\n")
+    out.write("\nWhat the resume found out:\n")
+    for finding in findings:
+        out.write(f"  {describe(finding)}\n")
+    out.write(f"  turn {end.turn} continued the interrupted turn {end.turn - 1} and ended {end.reason.kind}\n")
     if choice is None:
         out.write(
-            f"\nThe ledger holds {len(_ledger(work))} charge: turn 3 checked it instead of paying again, then sent\n"
-            "the receipt that had certainly never been sent.\n"
+            f"\nThe ledger holds {len(_ledger(work))} charge: the check found the deposit charged once, the agent\n"
+            "continued the cut turn without a new message and sent the receipt that had certainly never been sent.\n"
         )
     else:
         charges, receipts = len(_ledger(work)), len(_outbox(work))
         out.write(
-            f"\nThe model was told the deposit's outcome is unknown and chose what to do: the ledger holds {charges}\n"
-            f"charge(s) and the outbox {receipts} receipt(s) ({end.reason.kind} turn 3: {_one_line(end.text)}).\n"
+            f"\nThe model was told what the ledger check found and chose what to do: the ledger holds {charges}\n"
+            f"charge(s) and the outbox {receipts} receipt(s) ({end.reason.kind} turn {end.turn}: "
+            f"{_one_line(end.text)}).\n"
         )
     out.write("\nLook at it yourself:\n")
     for command in commands:

@@ -6,7 +6,9 @@ same story; the scripted model plays it without them.
 The story: turn 1 asks for the weather (a read-only tool, completes normally). Turn 2 asks to pay a restaurant
 deposit and email the receipt: the model requests ``pay_deposit`` then ``send_receipt`` (exclusive tools, run one
 after the other). The child process is SIGKILLed inside ``pay_deposit``, *after* its side effect (a ledger file) was
-written. After resuming, turn 3 checks the ledger instead of paying again, then sends the receipt.
+written. On resume, ``pay_deposit``'s reconciliation check looks the charge up in the ledger by its call id (found:
+charged once), the finding replaces the unknown outcome, and the agent continues the cut turn (as turn 3, which
+names turn 2) without a new user message: it sends the receipt that certainly never went out, and ends completed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import anyio.lowlevel
 
 from .._host.boundaries import CancelSignal, ModelRequest
+from .._host.reconcile import Reconciliation
 from .._model.events import (
     BlockEndChunk,
     BlockStartChunk,
@@ -60,7 +63,6 @@ USER_TURNS = (
     "What's the weather in Lisbon tonight?",
     "Book the 19:30 table for two at Taberna, pay the 20 EUR deposit and email the receipt to you@example.com.",
 )
-RESUME_TURN = "Did the booking go through? Please don't pay twice."
 
 
 def _text_chunks(text: str, index: int) -> list[StreamChunk]:
@@ -126,13 +128,18 @@ class DemoModel:
 
 @dataclass(frozen=True)
 class DemoTool:
-    """A tool whose body is ``body(arguments, call_id)``, with what a real model needs to call it."""
+    """A tool whose body is ``body(arguments, call_id)``, with what a real model needs to call it.
+
+    ``reconcile`` (optional) is the tool's reconciliation check: ``reconcile(arguments, call_id)`` finds out, by
+    the call id the body used as its idempotency key, whether an interrupted call took effect.
+    """
 
     name: str
     body: Callable[[Any, str], Awaitable[str]]
     description: str
     parameters: dict[str, Any]
     parallel: bool = False
+    reconcile: Callable[[Any, str], Awaitable[Reconciliation]] | None = None
 
     async def run(self, arguments: Any, call_id: str, signal: CancelSignal) -> str:
         """Run the body."""
@@ -157,6 +164,18 @@ def _read_charges(ledger: str) -> list[str]:
     return charges
 
 
+def _find_payment(ledger: str, call_id: str) -> Reconciliation:
+    """``pay_deposit``'s check: the ledger entry is named by the call id (the idempotency key the body used)."""
+    entry = os.path.join(ledger, call_id)
+    if not os.path.exists(entry):
+        return Reconciliation.did_not_happen("no ledger entry under this call id")
+    with open(entry, encoding="utf-8") as handle:
+        charged = handle.read().strip()
+    others = len(os.listdir(ledger)) - 1
+    once = "charged once" if others == 0 else f"charged once under this call id; {others} other charge(s)"
+    return Reconciliation.happened(f"paid: {charged}", f"found in the ledger: {once}")
+
+
 def demo_tools(work: str, after_payment: Callable[[], Awaitable[None]] | None = None) -> list[DemoTool]:
     """The four tools; ``after_payment`` runs inside ``pay_deposit`` after the charge (the child's kill point)."""
     ledger = os.path.join(work, "ledger")
@@ -174,6 +193,9 @@ def demo_tools(work: str, after_payment: Callable[[], Awaitable[None]] | None = 
             await after_payment()
         return f"paid {amount} EUR to {restaurant}"
 
+    async def find_payment(arguments: Any, call_id: str) -> Reconciliation:
+        return _find_payment(ledger, call_id)
+
     async def receipt(arguments: Any, call_id: str) -> str:
         write_file(os.path.join(outbox, call_id), f"receipt for the Taberna deposit to {arguments.get('to')}\n")
         return f"receipt emailed to {arguments.get('to')}"
@@ -189,6 +211,7 @@ def demo_tools(work: str, after_payment: Callable[[], Awaitable[None]] | None = 
             pay,
             "Charge a restaurant deposit to the user's card (a real payment: never charge twice).",
             _schema(restaurant="string", amount_eur="number"),
+            reconcile=find_payment,
         ),
         DemoTool("send_receipt", receipt, "Email the deposit's receipt.", _schema(to="string")),
         DemoTool(
@@ -226,15 +249,11 @@ def crash_script() -> list[Say | Call]:
 
 
 def resume_script() -> list[Say | Call]:
-    """Turn 3, after the resume: check before retrying, then do what certainly never ran."""
+    """The continuation of turn 2: the deposit is known to be paid (reconciled), so send what certainly never ran."""
     return [
         Call(
-            (("call-check", "check_payments", {"restaurant": "Taberna"}),),
-            text="The deposit's outcome is unknown, so I will check the payment ledger before paying again.",
-        ),
-        Call(
             (("call-receipt-retry", "send_receipt", {"to": "you@example.com"}),),
-            text="The deposit was charged exactly once. The receipt was never sent, so sending it now is safe.",
+            text="The deposit went through (charged once). The receipt was never sent, so sending it now is safe.",
         ),
         Say("Done: your table at Taberna for 19:30 is paid (20 EUR, charged once) and the receipt is on its way."),
     ]

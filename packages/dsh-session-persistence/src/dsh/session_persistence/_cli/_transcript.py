@@ -14,11 +14,19 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from .._model.codes import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
-from .._model.events import SessionEvent
+from .._host.reconcile import describe, unknown_calls
+from .._model.events import SessionEvent, ToolReconcile, TurnContinue
+from .._model.repair import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 from .._wire.codec import event_to_builtins
 
-__all__ = ["REPAIR_MEANINGS", "message_text", "render_transcript", "transcript_entries"]
+__all__ = ["REPAIR_MEANINGS", "message_text", "render_transcript", "resume_facts", "resume_lines", "transcript_entries"]
+
+#: What each reconciliation outcome means, for ``show``.
+RECONCILE_MEANINGS = {
+    "happened": "the tool's check found the effect: the model sees the call's result instead of 'unknown'",
+    "not-happened": "the tool's check found no effect: the model is told so (the call was not re-run)",
+    "unknown": "the tool's check could not tell (or failed, or timed out): the model keeps the 'unknown' text",
+}
 
 #: What each repair closer means, for ``show`` and ``demo``.
 REPAIR_MEANINGS = {
@@ -144,6 +152,16 @@ def transcript_entries(events: Sequence[SessionEvent], stored: int | None = None
             entry["model"] = config.get("model")
         elif etype == "session/end-seed":
             entry.update(kind="seed-end")
+        elif etype == "turn/continue":
+            entry.update(kind="turn-continue", turn=data.get("turn"), interruptedTurn=data.get("interruptedTurn"))
+        elif etype == "tool/reconcile":
+            entry.update(kind="reconcile", callId=data.get("callId"), name=data.get("name"))
+            entry.update(outcome=data.get("outcome"), resultSeq=data.get("resultSeq"), detail=data.get("detail"))
+            message = data.get("message")
+            entry["text"] = message_text(message) if isinstance(message, dict) else ""
+            for earlier in entries:  # mark the repaired result it speaks about
+                if earlier.get("kind") == "tool-result" and earlier.get("seq") == data.get("resultSeq"):
+                    earlier["reconciled"] = data.get("outcome")
         elif etype == "request/context":
             continue
         else:
@@ -208,6 +226,8 @@ def render_transcript(out: TextIO, entries: Sequence[dict[str, Any]]) -> None:
             head = f"{entry['name'] or '?'} [{entry['callId']}]"
             if "repair" in entry:
                 head += "  " + _repair_note(entry)
+                if entry.get("reconciled") is not None:
+                    head += f" [RECONCILED: {entry['reconciled']}, see below]"
             elif entry.get("isError"):
                 head += "  (error" + (f" {entry['error']}" if entry.get("error") else "") + ")"
             _write_block(out, indent, "result", f"{head}\n{entry['text']}" if entry["text"] else head)
@@ -216,6 +236,13 @@ def render_transcript(out: TextIO, entries: Sequence[dict[str, Any]]) -> None:
                 _write_block(out, indent, "model", f"{entry['provider']}/{entry['model']} (request: {entry['reason']})")
         elif kind == "seed-end":
             out.write(f"{indent}--- resumed here: the events above were loaded from storage ---\n")
+        elif kind == "turn-continue":
+            out.write(f"  (continues interrupted turn {entry['interruptedTurn']}: no new user message)\n")
+        elif kind == "reconcile":
+            head = describe(entry) + f"  (result seq {entry['resultSeq']})"
+            meaning = RECONCILE_MEANINGS.get(str(entry.get("outcome")), "")
+            body = "\n".join(t for t in (meaning, entry["text"]) if t)
+            _write_block(out, indent, "check", f"{head}\n{body}" if body else head)
         else:
             _write_block(out, indent, "event", str(entry.get("type")))
 
@@ -224,3 +251,24 @@ def _detail(detail: object) -> str:
     if isinstance(detail, dict):
         return str(detail.get("message") or detail.get("kind") or json.dumps(detail))
     return str(detail)
+
+
+def resume_facts(events: Sequence[SessionEvent]) -> dict[str, Any]:
+    """What the resume paths recorded: findings, continuations, and the unknown outcomes no finding concluded."""
+    findings = [event_to_builtins(e)["data"] for e in events if type(e) is ToolReconcile]
+    continued = [
+        {"turn": e.data.turn, "interruptedTurn": e.data.interrupted_turn} for e in events if type(e) is TurnContinue
+    ]
+    unknown = [{"callId": c.call_id, "name": c.name, "resultSeq": c.result_seq} for c in unknown_calls(events)]
+    reconciled = [{k: f[k] for k in ("callId", "name", "outcome", "resultSeq", "detail") if k in f} for f in findings]
+    return {"reconciled": reconciled, "continued": continued, "unknownOutcomes": unknown}
+
+
+def resume_lines(events: Sequence[SessionEvent]) -> list[str]:
+    """``resume_facts`` as short phrases (``verify`` appends them to a session's line)."""
+    facts = resume_facts(events)
+    lines = [describe(f) for f in facts["reconciled"]]
+    lines += [f"turn {c['turn']} continues interrupted turn {c['interruptedTurn']}" for c in facts["continued"]]
+    if facts["unknownOutcomes"]:
+        lines.append(f"{len(facts['unknownOutcomes'])} call(s) with an unknown outcome")
+    return lines

@@ -13,6 +13,7 @@ from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_OK, EXIT_USAGE, CliError
 from ._examine import SessionReport, examine
 from ._io import Io
 from ._output import write_json
+from ._transcript import resume_facts, resume_lines
 from ._verify_walk import verify_walk
 from ._walk import closer_plan, report_json
 
@@ -35,11 +36,18 @@ def _describe(report: SessionReport) -> str:
             "its open turn is work in progress, not a crash"
         )
     if report.status == "ok":
-        return f"{report.stored_events} events, balanced"
+        return "; ".join([f"{report.stored_events} events, balanced", *resume_lines(report.events)])
     if report.recoverable:
         what = "torn tail" if report.torn is not None else "interrupted turn"
         return f"{what}: a load (or `dsh-sessions repair {report.id}`) will " + "; ".join(closer_plan(report))
     return report.message or report.status
+
+
+def _with_resume(report: SessionReport) -> dict[str, object]:
+    out = report_json(report)
+    if report.recoverable:
+        out["resume"] = resume_facts(report.events)
+    return out
 
 
 async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
@@ -58,7 +66,7 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
                 "root": stack.root,
                 "backend": stack.backend_name,
                 "ok": not bad,
-                "sessions": [report_json(r) for r in reports],
+                "sessions": [_with_resume(r) for r in reports],
                 "summary": dict(sorted(summary.items())),
             },
         )

@@ -29,6 +29,7 @@ from .._model.events import (
     Message,
     RequestHeader,
     SessionEvent,
+    ToolReconcile,
     ToolResult,
     UserMessage,
 )
@@ -39,6 +40,7 @@ from .._model.validator import TurnValidator, validate_turns
 from .._wire.codec import build_event, decode_event, event_to_builtins
 from .fork import SessionForkError, fork_seed
 from .gather import gather_settled
+from .reconcile import substitute_finding
 
 if TYPE_CHECKING:
     from .host import Host
@@ -216,6 +218,8 @@ class Session:
                 self._messages.append(message)
         elif isinstance(event, ToolResult):
             self._messages.append(event.data.message)
+        elif type(event) is ToolReconcile:
+            substitute_finding(self._messages, self._events, event)
 
     # ----------------------------------------------------------------------------------------------------------
     # Write side

@@ -17,6 +17,7 @@ from .._host.boundaries import (
     ToolExecution,
     TurnAborted,
 )
+from .._host.reconcile import DEFAULT_RECONCILE_TIMEOUT_S
 from .._model.errors import CheckpointPolicyMissingError, SessionIdCollisionError
 from .._model.events import (
     Message,
@@ -37,6 +38,7 @@ from .protocols import (
     _error_text,
     _unwrap,
 )
+from .resume import ResumeSteps, answer_pending
 from .runtime import Assembler, runtime
 from .tool_calls import ToolSteps, _Slot
 from .tools import tool_spec
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["AgentLoop"]
 
 
-class AgentLoop(ToolSteps):
+class AgentLoop(ToolSteps, ResumeSteps):
     """A reference agent: one live session, one model adapter, some tools, one turn at a time.
 
     :param host: The plugin host (its ``SessionStore`` is ``store``).
@@ -147,6 +149,8 @@ class AgentLoop(ToolSteps):
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
         require_checkpoint_policy: bool = True,
+        reconcile: bool = True,
+        reconcile_timeout: float = DEFAULT_RECONCILE_TIMEOUT_S,
     ) -> AgentLoop:
         """Load a stored session and continue it in a new loop.
 
@@ -157,6 +161,11 @@ class AgentLoop(ToolSteps):
 
         ``provider``, ``model`` and ``system`` default to those of the session's last request header (then to the
         adapter's attributes), so a resume names only what is not stored: the adapter and the tools.
+
+        With ``reconcile`` (the default) the loop then runs :meth:`reconcile` (each check bounded by
+        ``reconcile_timeout`` seconds), so a tool that can look up its own effect replaces an unknown outcome with
+        what happened before the next model request. To carry on the turn a crash cut, call
+        :meth:`continue_interrupted` (:attr:`interrupted_turn` says whether there is one).
         """
         if require_checkpoint_policy:
             _check_checkpoint_policy(host)  # before the load commits any repair
@@ -164,7 +173,7 @@ class AgentLoop(ToolSteps):
         session = store.create(
             session_id, seed=view.events, meta=view.meta, inherited_event_count=view.inherited_event_count
         )
-        return cls._continuing(
+        loop = cls._continuing(
             host,
             store,
             session,
@@ -176,6 +185,13 @@ class AgentLoop(ToolSteps):
             max_parallel_tool_calls,
             require_checkpoint_policy,
         )
+        if reconcile:
+            try:
+                await loop.reconcile(timeout=reconcile_timeout)
+            except BaseException:
+                loop._abandon()
+                raise
+        return loop
 
     @classmethod
     def _continuing(
@@ -285,6 +301,9 @@ class AgentLoop(ToolSteps):
         ``aborted``. Native (anyio) cancellation is not swallowed: the turn is closed ``aborted {disposed}`` (unless
         already aborted) and the cancellation propagates.
         """
+        return await self._run(messages, None)
+
+    async def _run(self, messages: str | Message | Sequence[str | Message] | None, continues: int | None) -> TurnResult:
         if self._closed:
             raise RuntimeError("this agent loop is closed")
         if self._signal is not None:
@@ -300,7 +319,8 @@ class AgentLoop(ToolSteps):
         self.host.agent_status(self, "running")
         try:
             start = len(self._session.events)
-            end = await self._turn(self._user_messages(messages), signal)
+            claimed = [] if messages is None else self._user_messages(messages)
+            end = await self._turn(claimed, signal, continues)
             return turn_result(self._session.events[start:], end)
         finally:
             self._signal = None
@@ -350,10 +370,15 @@ class AgentLoop(ToolSteps):
                 )
         return out
 
-    async def _turn(self, claimed: list[Message], signal: CancelSignal) -> TurnEnd:
+    async def _turn(self, claimed: list[Message], signal: CancelSignal, continues: int | None = None) -> TurnEnd:
         session = self._session
         turn = self.last_turn() + 1
         session.append("turn/start", {"turn": turn})
+        # A continuation's first step needs no new message when the model owes an answer (see answer_pending).
+        first_step_due = False
+        if continues is not None:
+            session.append("turn/continue", {"turn": turn, "interruptedTurn": continues}, ignorable=True)
+            first_step_due = answer_pending(session.derive_messages())
         step = 0
         ends: str | None = None
         reason: dict[str, Any]
@@ -375,7 +400,7 @@ class AgentLoop(ToolSteps):
                     if decision.kind == "reject":
                         ends = "blocked"
                         break
-                    if not decision.messages and (ends is not None or step == 1):
+                    if not decision.messages and (ends is not None or (step == 1 and not first_step_due)):
                         ends = ends or "completed"
                         break
                     session.append("step/start", {"turn": turn, "step": step})

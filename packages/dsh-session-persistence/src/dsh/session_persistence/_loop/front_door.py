@@ -28,6 +28,7 @@ from .._backends.protocol import SessionBackend
 from .._coordinator.service import PersistenceCoordinator
 from .._host.fork import fork_seed, turn_boundary
 from .._host.host import Host
+from .._host.reconcile import DEFAULT_RECONCILE_TIMEOUT_S
 from .._host.session import Session, SessionStore
 from .._model.errors import SessionNotFoundError, SessionPersistenceError
 from .._model.events import SessionEvent
@@ -157,8 +158,15 @@ class Sessions:
         model: str | None = None,
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
+        reconcile: bool = True,
+        reconcile_timeout: float = DEFAULT_RECONCILE_TIMEOUT_S,
     ) -> AgentLoop:
-        """Continue a stored session (crash-repaired first); ``SessionNotFoundError`` if there is none."""
+        """Continue a stored session (crash-repaired first); ``SessionNotFoundError`` if there is none.
+
+        As in :meth:`AgentLoop.resume`, each unknown-outcome call of a tool that offers a reconciliation check is
+        checked first (``reconcile=False`` skips that); ``agent.interrupted_turn`` then says whether a crash cut
+        the last turn, and ``await agent.continue_interrupted()`` carries it on without a new user message.
+        """
         agent = await AgentLoop.resume(
             self.host,
             self.store,
@@ -171,6 +179,8 @@ class Sessions:
             system=system,
             max_parallel_tool_calls=max_parallel_tool_calls,
             require_checkpoint_policy=self.require_checkpoint_policy,
+            reconcile=reconcile,
+            reconcile_timeout=reconcile_timeout,
         )
         self._agents.append(agent)
         return agent
@@ -185,6 +195,8 @@ class Sessions:
         model: str | None = None,
         system: str | None = None,
         max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS,
+        reconcile: bool = True,
+        reconcile_timeout: float = DEFAULT_RECONCILE_TIMEOUT_S,
     ) -> AgentLoop:
         """:meth:`resume` the session if it is stored, else :meth:`create` it."""
         options: dict[str, Any] = {
@@ -194,7 +206,9 @@ class Sessions:
             "max_parallel_tool_calls": max_parallel_tool_calls,
         }
         try:
-            return await self.resume(session_id, adapter, tools, **options)
+            return await self.resume(
+                session_id, adapter, tools, reconcile=reconcile, reconcile_timeout=reconcile_timeout, **options
+            )
         except SessionNotFoundError:
             return await self.create(session_id, adapter, tools, **options)
 

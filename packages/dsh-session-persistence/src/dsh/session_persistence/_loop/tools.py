@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
 
 from .._host.boundaries import ToolExecutionResult
 from .._model.jsonvalue import NotLosslessJsonError, snapshot_json
@@ -66,8 +69,15 @@ class FunctionTool:
 
     ``FunctionTool("add", add, "Add two integers.", {"type": "object", "properties": {...}})`` runs
     ``add(**arguments)`` (sync or async). A returned ``str`` or ``ToolExecutionResult`` is the result as is;
-    anything else is sent as JSON text. An exception becomes an error result. Set ``with_call_id=True`` to also
-    receive ``call_id=`` (use it as an idempotency key for side effects).
+    anything else is sent as JSON text. An exception becomes an error result.
+
+    Side effects: set ``with_call_id=True`` and the body also receives ``call_id=``, the model's id of this call,
+    stable across a crash: use it as the idempotency key of the effect (the key a payment provider deduplicates
+    on, the name of the row or file the effect creates). Then give ``check``, a function (sync or async) called
+    as ``check(**arguments, call_id=...)`` that looks the effect up by that key and returns a
+    :class:`~dsh.session_persistence.loop.Reconciliation`: ``Reconciliation.happened(result)``,
+    ``Reconciliation.did_not_happen()`` or ``Reconciliation.cannot_tell()``. After a crash left the call's outcome
+    unknown, a resumed loop asks it (bounded in time; a sync check runs in a worker thread) and tells the model.
     """
 
     name: str
@@ -76,10 +86,30 @@ class FunctionTool:
     parameters: Mapping[str, Any] | None = None
     parallel: bool = False
     with_call_id: bool = False
+    check: Callable[..., Any] | None = None
     _checked: dict[str, Any] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._checked = tool_spec(self)
+        if self.check is not None and not callable(self.check):
+            raise TypeError(f"tool {self.name!r}: check must be callable, got {type(self.check).__name__}")
+
+    @property
+    def reconcile(self) -> Callable[[Any, str], Awaitable[Any]] | None:
+        """The reconciliation check the loop calls as ``reconcile(arguments, call_id)`` (``None`` without ``check``)."""
+        return None if self.check is None else self._reconcile
+
+    async def _reconcile(self, arguments: Any, call_id: str) -> Any:
+        check = self.check
+        assert check is not None
+        if not isinstance(arguments, dict):
+            raise TypeError(f"tool {self.name!r} expects a JSON object of arguments, got {type(arguments).__name__}")
+        kwargs = {**arguments, "call_id": call_id}
+        if inspect.iscoroutinefunction(check):
+            return await check(**kwargs)
+        # A blocking lookup (a database, an HTTP API) must not stall the event loop, and must be abandonable when it
+        # hangs: the caller's deadline then releases this wait.
+        return await anyio.to_thread.run_sync(lambda: check(**kwargs), abandon_on_cancel=True)
 
     async def run(self, arguments: Any, call_id: str, signal: CancelSignal) -> str | ToolExecutionResult:
         """Call the function with the arguments object as keywords (``TypeError`` if it is not an object)."""

@@ -21,6 +21,7 @@ __all__ = [
     "SessionNeedsRepairError",
     "SessionLifecycleError",
     "LiveTurnOpenError",
+    "NoInterruptedTurnError",
     "SessionLockedError",
     "SessionStorageError",
     "SessionWriteInDoubtError",
@@ -193,6 +194,10 @@ class SessionNeedsRepairError(SessionPersistenceError):
             or f'session "{session_id}" is not closed (an interrupted turn or a torn tail): load or repair it first'
         )
         self.session_id = session_id
+
+
+class NoInterruptedTurnError(SessionPersistenceError, RuntimeError):
+    """``continue_interrupted`` was asked to continue a session whose last turn did not end ``interrupted``."""
 
 
 class UnsupportedOperationError(SessionPersistenceError, NotImplementedError):

@@ -322,6 +322,37 @@ class EndSeedData(_Value, frozen=True):
     pass
 
 
+class TurnContinueData(_Value, frozen=True):
+    """``turn`` carries on ``interrupted_turn`` (the turn just before it, which crash repair closed)."""
+
+    turn: Count
+    interrupted_turn: Count
+
+
+#: What a reconciliation check found about a call whose outcome was unknown: ``ToolReconcileData.outcome``.
+RECONCILE_OUTCOMES = ("happened", "not-happened", "unknown")
+
+
+class ToolReconcileData(_Value, frozen=True):
+    """What a tool's reconciliation check found about an unknown-outcome call (``result_seq``: its repaired result).
+
+    ``happened`` and ``not-happened`` carry the ``message`` the model sees instead of the unknown-outcome text;
+    ``unknown`` (the check could not tell, failed or timed out) carries none: the model keeps seeing that text.
+    ``detail`` says why, for people reading the log.
+    """
+
+    call_id: str
+    name: str
+    result_seq: Count
+    outcome: str
+    message: Message | UnsetType = UNSET
+    detail: str | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.outcome not in RECONCILE_OUTCOMES:
+            raise ValueError(f"reconcile outcome must be one of {', '.join(RECONCILE_OUTCOMES)}; got {self.outcome!r}")
+
+
 class TodoItem(_Value, frozen=True):
     content: str
     status: Literal["pending", "in_progress", "completed"]
@@ -418,6 +449,24 @@ class TodoWrite(_Event, tag="todo/write", kw_only=True, frozen=True):
     data: TodoWriteData
 
 
+class TurnContinue(_Event, tag="turn/continue", kw_only=True, frozen=True):
+    """Marks a turn as the continuation of an interrupted one; written ``ignorable`` (older readers skip it)."""
+
+    type: ClassVar[str] = "turn/continue"
+    data: TurnContinueData
+
+
+class ToolReconcile(_Event, tag="tool/reconcile", kw_only=True, frozen=True):
+    """A reconciliation finding about an unknown-outcome call; written ``ignorable`` (older readers skip it)."""
+
+    type: ClassVar[str] = "tool/reconcile"
+    data: ToolReconcileData
+
+
+#: The event types written ``ignorable``: a reader that does not know them (0.2) loads the log without them.
+IGNORABLE_EVENT_TYPES = frozenset({"turn/continue", "tool/reconcile"})
+
+
 class OpaqueEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """An event of a type this build does not know, kept and re-emitted verbatim.
 
@@ -446,6 +495,8 @@ KnownEvent = Union[
     RequestContext,
     EndSeed,
     TodoWrite,
+    TurnContinue,
+    ToolReconcile,
 ]
 SessionEvent = Union[KnownEvent, OpaqueEvent]
 
@@ -466,6 +517,8 @@ EVENT_TYPES: dict[str, type[_Event]] = {
         RequestContext,
         EndSeed,
         TodoWrite,
+        TurnContinue,
+        ToolReconcile,
     )
 }
 SURFACE_EVENT_TYPES = frozenset(t for t, cls in EVENT_TYPES.items() if cls.surface)

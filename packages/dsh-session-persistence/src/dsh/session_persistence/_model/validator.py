@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .codes import TOOL_NOT_STARTED
+from msgspec import UNSET, UnsetType
+
+from .codes import TOOL_NOT_STARTED, TOOL_OUTCOME_UNKNOWN
 from .errors import TurnInvariantError
 from .events import (
     AssistantChunk,
     AssistantMessage,
+    InterruptedReason,
     OpaqueEvent,
     RequestContext,
     RequestHeader,
@@ -21,7 +24,11 @@ from .events import (
     StepStart,
     TodoWrite,
     ToolCall,
+    ToolReconcile,
     ToolResult,
+    ToolResultBlock,
+    ToolSource,
+    TurnContinue,
     TurnEnd,
     TurnStart,
 )
@@ -34,7 +41,17 @@ _IN_TURN = (RequestHeader, RequestContext, TodoWrite)
 class TurnValidator:
     """Checks one event at a time against the turn/step rules; raises :class:`TurnInvariantError`."""
 
-    __slots__ = ("_last_seq", "_next_step", "_next_turn", "_open_step", "_open_turn", "_pending")
+    __slots__ = (
+        "_fresh_turn",
+        "_last_interrupted",
+        "_last_seq",
+        "_next_step",
+        "_next_turn",
+        "_open_step",
+        "_open_turn",
+        "_pending",
+        "_unknown",
+    )
 
     def __init__(self) -> None:
         self._open_turn: int | None = None
@@ -43,6 +60,9 @@ class TurnValidator:
         self._next_step = 1
         self._pending: set[str] = set()
         self._last_seq = -1
+        self._fresh_turn = False  # the previous event was turn/start (a turn/continue must come right after it)
+        self._last_interrupted = False  # the last closed turn ended interrupted (only such a turn is continued)
+        self._unknown: dict[str, int] = {}  # call id -> seq of its unconcluded TOOL_OUTCOME_UNKNOWN result
 
     @property
     def open_turn(self) -> int | None:
@@ -75,6 +95,7 @@ class TurnValidator:
             self._open_turn = None
             self._next_turn += 1
             self._pending.clear()
+            self._last_interrupted = type(event.data.reason) is InterruptedReason
         elif isinstance(event, StepStart):
             step_data = event.data
             self._require_turn(seq, "step/start", step_data.turn)
@@ -102,9 +123,64 @@ class TurnValidator:
                 self._pending.discard(call_id)
             elif not synthetic_not_started:
                 self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
+            if isinstance(call_id, str) and getattr(result.error, "code", None) == TOOL_OUTCOME_UNKNOWN:
+                self._unknown[call_id] = seq
+        elif isinstance(event, TurnContinue):
+            self._check_continue(event)
+        elif isinstance(event, ToolReconcile):
+            self._check_reconcile(event)
         elif isinstance(event, _IN_TURN) and self._open_turn is None:
             self._fail("outside-turn", seq, f"{event.type} outside an open turn")
         self._last_seq = seq
+        self._fresh_turn = type(event) is TurnStart
+
+    def _check_continue(self, event: TurnContinue) -> None:
+        seq, data = event.seq, event.data
+        if not self._fresh_turn:
+            self._fail("continue-position", seq, "turn/continue must come right after its turn/start")
+        if data.turn != self._open_turn:
+            self._fail(
+                "continue-turn", seq, f"turn/continue names turn {data.turn} but the open turn is {self._open_turn}"
+            )
+        if data.interrupted_turn != data.turn - 1 or not self._last_interrupted:
+            self._fail(
+                "continue-target",
+                seq,
+                f"turn/continue of turn {data.interrupted_turn}: only the turn just before ({data.turn - 1}) may be "
+                "continued, and only if it ended interrupted",
+            )
+
+    def _check_reconcile(self, event: ToolReconcile) -> None:
+        seq, data = event.seq, event.data
+        if self._open_turn is not None:
+            self._fail("reconcile-in-turn", seq, f"tool/reconcile while turn {self._open_turn} is open")
+        if self._unknown.get(data.call_id) != data.result_seq:
+            self._fail(
+                "reconcile-target",
+                seq,
+                f'tool/reconcile of "{data.call_id}" names seq {data.result_seq}, which is not its unconcluded '
+                "unknown-outcome result",
+            )
+        message = data.message
+        if data.outcome == "unknown":
+            if message is not UNSET:
+                self._fail("reconcile-message", seq, "tool/reconcile outcome unknown must not carry a message")
+            return
+        blocks = () if isinstance(message, UnsetType) else message.content
+        if (
+            isinstance(message, UnsetType)
+            or message.role != "user"
+            or message.source != ToolSource(call_id=data.call_id)
+            or len(blocks) != 1
+            or not isinstance(blocks[0], ToolResultBlock)
+            or blocks[0].tool_call_id != data.call_id
+        ):
+            self._fail(
+                "reconcile-message",
+                seq,
+                f'tool/reconcile outcome {data.outcome} must carry one tool-result message answering "{data.call_id}"',
+            )
+        del self._unknown[data.call_id]
 
     def check_all(self, events: Iterable[SessionEvent]) -> None:
         """:meth:`check` every event in order (same result; runs of ``assistant/chunk`` take an inlined path)."""

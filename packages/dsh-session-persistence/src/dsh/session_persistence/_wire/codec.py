@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 from .._model.errors import EventValidationError
 from .._model.events import (
     EVENT_TYPES,
+    IGNORABLE_EVENT_TYPES,
     SURFACE_EVENT_TYPES,
     AssistantMessage,
     KnownEvent,
@@ -34,6 +35,7 @@ from .._model.jsonvalue import MAX_SAFE_INTEGER, NotLosslessJsonError, is_safe_i
 __all__ = [
     "append_envelope",
     "build_event",
+    "check_ignorable",
     "check_message_shape",
     "check_source_event_seqs",
     "check_typed_surface",
@@ -73,7 +75,16 @@ def _envelope(obj: object) -> tuple[str, int, int, dict[str, Any]]:
     return etype, seq, time, obj  # type: ignore[return-value]
 
 
+def check_ignorable(etype: str, seq: int, ignorable: object) -> None:
+    """The types older readers do not know must be written ``ignorable``, or a 0.2 reader refuses the whole log."""
+    if ignorable is not True and etype in IGNORABLE_EVENT_TYPES:
+        raise EventValidationError(
+            f'session event "{etype}" (seq {seq}) must be marked ignorable: readers before 0.3 do not know it'
+        )
+
+
 def _check_surface(etype: str, seq: int, obj: dict[str, Any]) -> None:
+    check_ignorable(etype, seq, obj.get("ignorable"))
     surface = etype in SURFACE_EVENT_TYPES
     if not surface:
         for key in ("surfaceOp", "sourceEventSeqs"):
@@ -141,14 +152,14 @@ def check_message_shape(event: SessionEvent) -> None:
         if message.role != "user":
             raise EventValidationError(f'session event "user/message" (seq {event.seq}) must carry a user message')
     elif kind is AssistantMessage:
-        message = event.data.message  # type: ignore[union-attr]
+        message = event.data.message  # type: ignore[union-attr, assignment]
         if message.role != "assistant" or type(message.source) is not ModelSource:
             raise EventValidationError(
                 f'session event "assistant/message" (seq {event.seq}) must carry an assistant message '
                 "with a model source"
             )
     elif kind is ToolResult:
-        message = event.data.message  # type: ignore[union-attr]
+        message = event.data.message  # type: ignore[union-attr, assignment]
         source = message.source
         blocks = message.content
         if (
@@ -229,6 +240,8 @@ def build_event(
     except msgspec.ValidationError:
         # Same conversion inside the envelope: reports the error with its envelope path, as decode_event does.
         return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
+    if not ignorable and etype in IGNORABLE_EVENT_TYPES:
+        return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
     flag: Literal[True] | UnsetType = True if ignorable else UNSET
     if not surface:
         return cast("SessionEvent", cls(seq=seq, time=time, data=payload, ignorable=flag))  # type: ignore[call-arg]
@@ -261,6 +274,8 @@ def decode_event_line(line: bytes | str) -> SessionEvent:
     else:
         if event.surface:
             check_typed_surface(event)
+        elif event.ignorable is not True and event.type in IGNORABLE_EVENT_TYPES:
+            check_ignorable(event.type, event.seq, event.ignorable)
         return event
     try:
         obj = _json_decoder.decode(line)

@@ -1,0 +1,98 @@
+"""Reconciliation checks as the loop runs them: FunctionTool's check (call id forwarded, sync in a worker thread),
+the bound on a check, and what a nonsense answer counts as. The crash stories are in tests-integration."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import pytest
+from dsh.session_persistence._host.boundaries import ToolExecutionResult
+from dsh.session_persistence._host.reconcile import UnknownCall, reconcile_data, reconciler_of, run_check
+from dsh.session_persistence.loop import FunctionTool, Reconciliation, ToolOutput
+
+pytestmark = pytest.mark.anyio
+CALL = UnknownCall("call-7", "pay", '{"amount": 20}', 11)
+
+
+def pay(amount: int, call_id: str) -> str:
+    return f"paid {amount}"
+
+
+async def test_function_tool_forwards_the_arguments_and_the_call_id_to_a_sync_check_off_the_event_loop() -> None:
+    seen: list[Any] = []
+    loop_thread = threading.get_ident()
+
+    def check(amount: int, call_id: str) -> Reconciliation:
+        seen.append((amount, call_id, threading.get_ident() != loop_thread))
+        return Reconciliation.happened(f"paid {amount}", "in the ledger")
+
+    tool = FunctionTool("pay", pay, with_call_id=True, check=check)
+    check_fn = reconciler_of(tool)
+    assert check_fn is not None
+    finding = await run_check(check_fn, CALL, 5)
+    assert finding == Reconciliation("happened", "paid 20", "in the ledger")
+    assert seen == [(20, "call-7", True)]  # a worker thread, never the event loop's
+
+
+async def test_an_async_check_is_awaited_and_a_tool_without_one_offers_none() -> None:
+    async def check(amount: int, call_id: str) -> Reconciliation:
+        await anyio.lowlevel.checkpoint()
+        return Reconciliation.did_not_happen(f"no entry for {call_id}")
+
+    check_fn = reconciler_of(FunctionTool("pay", pay, check=check))
+    assert check_fn is not None
+    assert await run_check(check_fn, CALL, 5) == Reconciliation("not-happened", None, "no entry for call-7")
+    assert reconciler_of(FunctionTool("pay", pay)) is None
+    with pytest.raises(TypeError, match="check must be callable"):
+        FunctionTool("pay", pay, check="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ("happened", "not a Reconciliation"),
+        (None, "not a Reconciliation"),
+        (Reconciliation("happened"), "happened without a result"),
+    ],
+)
+async def test_a_nonsense_answer_cannot_tell(answer: object, says: str) -> None:
+    async def check(arguments: Any, call_id: str) -> Any:
+        return answer
+
+    finding = await run_check(check, CALL, 5)
+    assert finding.outcome == "unknown" and says in finding.detail
+
+
+async def test_a_sync_check_that_blocks_is_abandoned_at_its_bound() -> None:
+    release = threading.Event()
+
+    def check(amount: int, call_id: str) -> Reconciliation:
+        release.wait(30)  # a lookup that hangs; the loop must not
+        return Reconciliation.happened("late")
+
+    check_fn = reconciler_of(FunctionTool("pay", pay, check=check))
+    assert check_fn is not None
+    try:
+        finding = await run_check(check_fn, CALL, 0.05)
+    finally:
+        release.set()
+    assert finding.outcome == "unknown" and "did not answer within 0.05s" in finding.detail
+
+
+async def test_recorded_arguments_that_are_not_json_cannot_tell() -> None:
+    async def check(arguments: Any, call_id: str) -> Reconciliation:
+        raise AssertionError("never asked")
+
+    finding = await run_check(check, UnknownCall("c", "pay", "{not json", 3), 5)
+    assert finding.outcome == "unknown" and "not JSON" in finding.detail
+
+
+def test_a_happened_finding_keeps_the_reported_result_and_its_error_flag() -> None:
+    result: ToolOutput = ToolExecutionResult(content=({"type": "text", "text": "declined"},), is_error=True)
+    data = reconcile_data(CALL, Reconciliation.happened(result), 40)
+    [block] = data["message"]["content"]
+    assert block["isError"] is True and block["content"][-1] == {"type": "text", "text": "declined"}
+    assert data["message"]["id"] == "reconciled-tool-result-call-7-40" and data["resultSeq"] == 11
+    assert "message" not in reconcile_data(CALL, Reconciliation.cannot_tell("down"), 40)
