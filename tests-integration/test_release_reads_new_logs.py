@@ -135,7 +135,7 @@ def test_release_reads_a_freshly_written_continued_log(
 def test_cli_show_and_verify_display_the_reconciliation(tmp_path: Path) -> None:
     root = tmp_path / "sessions"
     shutil.copytree(GOLDEN / "none" / "continued-twice" / "sessions", root)
-    cli = [sys.executable, "-m", "dsh.session_persistence._cli", "--root", str(root), "-o", "compression=none"]
+    cli = [sys.executable, "-m", "dsh.session_persistence", "--root", str(root), "-o", "compression=none"]
 
     def run(*args: str) -> str:
         proc = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120, check=False)
