@@ -126,7 +126,8 @@ class JsonlBackend(JsonlReads):
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
-        await self._run_shielded(lambda: self._materialize_sync(storage, ()), "materializing the session log")
+        work = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, ()))
+        await self._run_shielded(work, "materializing the session log")
 
     def _upgrade_sync(
         self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
@@ -178,7 +179,8 @@ class JsonlBackend(JsonlReads):
             return
         batch = list(events)
         if not is_materialized:
-            await self._run_shielded(lambda: self._materialize_sync(storage, batch), "materializing the session log")
+            first = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, batch))
+            await self._run_shielded(first, "materializing the session log")
             return
         path = self._path_for(storage.meta)
 
@@ -199,7 +201,7 @@ class JsonlBackend(JsonlReads):
                 appender.append(path, st, data)
             self._next_seqs.remember(path, (st.st_dev, st.st_ino, st.st_size + len(data)), next_seq + len(batch))
 
-        await self._run_shielded(work, "appending to the session log")
+        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "appending to the session log")
 
     async def commit_repair(
         self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]
@@ -231,7 +233,7 @@ class JsonlBackend(JsonlReads):
                 check_continues(storage.meta.id, found[0], batch)
                 append_durable(path, self._encode_batch(batch))
 
-        await self._run_shielded(work, "repairing the session log")
+        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "repairing the session log")
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         """Atomically replace the log with ``events`` (a contiguous prefix, possibly empty); header kept."""
@@ -248,7 +250,7 @@ class JsonlBackend(JsonlReads):
             replace_durable(path, data)
             self._declared.add(path)
 
-        await self._run_shielded(work, "rewriting the session log")
+        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "rewriting the session log")
 
     # --------------------------------------------------------------------------------------------------------
     # the operator's explicit step for a damaged final batch
@@ -360,7 +362,7 @@ class JsonlBackend(JsonlReads):
             compact_transcript(path, storage.meta.id, data, expected_revision)
             self._declared.add(path)
 
-        await self._run_shielded(work, "compacting the session log")
+        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "compacting the session log")
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         """Take the session's exclusive writer lease: a kernel lock on ``session.lock`` next to its transcript.
