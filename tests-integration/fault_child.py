@@ -52,11 +52,26 @@ def scenarios(session_dir: str, log_name: str) -> dict[str, tuple[str, list[dict
             "append",
             [{"ops": ["write"], "path": log, "after": True}, {"ops": ["ftruncate"], "path": log, "errno": "ENOSPC"}],
         ),
+        # A failed sync proves nothing: while every sync of the log fails (and the rollback too), no flush of the
+        # batch may be acknowledged, the armed retry included; likewise while every directory sync fails after
+        # the first batch's link.
+        "append-fsync-always-eio-rollback-ftruncate-eio": (
+            "append",
+            [{"ops": ["fsync"], "path": log, "count": 0}, {"ops": ["ftruncate"], "path": log, "count": 0}],
+        ),
+        "materialize-dirfsync-always-eio-after-link": (
+            "first",
+            [{"ops": ["dirfsync"], "path": session_dir, "count": 0}],
+        ),
         # truncate (rewrite): staging file, fsync, rename, directory fsync.
         "truncate-fsync-eio": ("truncate", [{"ops": ["fsync"], "path": session_dir}]),
         "truncate-rename-eio": ("truncate", [{"ops": ["rename"], "path": session_dir}]),
         "truncate-dirfsync-after-rename": ("truncate", [{"ops": ["dirfsync"], "path": session_dir}]),
     }
+
+
+#: Scenarios whose fault stays armed for one more flush of the failed step (the retry must fail as well).
+PERSISTENT = frozenset({"append-fsync-always-eio-rollback-ftruncate-eio", "materialize-dirfsync-always-eio-after-link"})
 
 
 def rule_spec(rule: dict[str, Any]) -> str:
@@ -121,6 +136,8 @@ async def run(args: argparse.Namespace, report: dict[str, Any]) -> None:
             arm()
         append_all(session, turn1)
         await step("turn1", lambda: store.flush(session), session)
+        if arm_at == "first" and args.scenario in PERSISTENT:
+            await step("turn1-armed-again", lambda: store.flush(session), session)
         heal()
         if arm_at == "append":
             arm()
@@ -142,6 +159,8 @@ async def run(args: argparse.Namespace, report: dict[str, Any]) -> None:
         else:
             append_all(session, turn2)
             await step("turn2", lambda: store.flush(session), session)
+            if args.scenario in PERSISTENT:
+                await step("turn2-armed-again", lambda: store.flush(session), session)
         heal()
         await step("retry", lambda: store.flush(session), session)
         if len(session.events) == 6:

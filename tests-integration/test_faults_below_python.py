@@ -26,7 +26,7 @@ import pytest
 from dsh.session_persistence.backend import encode_event
 from dsh.session_persistence.testing import ShimUnavailableError, build_shim, shim_environment
 from dsh.session_persistence_jsonl import JsonlBackend
-from fault_child import SESSION_ID, scenarios
+from fault_child import PERSISTENT, SESSION_ID, scenarios
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "fault_child.py"
@@ -132,3 +132,18 @@ def test_every_failure_is_a_typed_storage_error(reports: dict[str, Any], scenari
 
 def test_the_shim_builds_from_the_shipped_source(shim: Path) -> None:
     assert shim.is_file() and os.access(shim, os.R_OK)
+
+
+@pytest.mark.parametrize("scenario", sorted(PERSISTENT))
+def test_a_write_no_sync_covered_is_never_acknowledged(reports: dict[str, Any], scenario: str) -> None:
+    """While every sync of the write fails (file fsync with a failing rollback, or the directory fsync after the
+    link), the page cache holds it but proves nothing: the flush and its armed retry fail typed, and the write is
+    acknowledged only once a sync succeeded (after the fault is healed)."""
+    report = reports[scenario]
+    armed = [s for s in report["steps"] if s["step"] in ("turn1", "turn1-armed-again", "turn2", "turn2-armed-again")]
+    failed = [s for s in armed if not s["ok"]]
+    assert len(failed) == 2, explain(report)
+    for step in failed:
+        assert "SessionWriteInDoubtError" in step["mro"], explain(report)
+    retry = next(s for s in report["steps"] if s["step"] == "retry")
+    assert retry["ok"], explain(report)

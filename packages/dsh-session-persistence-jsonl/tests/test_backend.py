@@ -237,11 +237,17 @@ async def test_append_and_rollback_failure_is_in_doubt(make: Factory, monkeypatc
         raise OSError(5, "injected")
 
     monkeypatch.setattr(os, "fsync", always)
-    with pytest.raises(SessionWriteInDoubtError, match="rolling it back failed too") as info:
+    with pytest.raises(SessionWriteInDoubtError, match="rolling it back failed") as info:
         await backend.append_batch(st, batches[1], True)
     assert info.value.errno == 5
     assert info.value.path == backend.locate(st.meta).path
     assert isinstance(info.value.__cause__, OSError)
+    # The page cache holds the batch, but no sync ever covered it: a read-back must not accept it.
+    with pytest.raises(SessionWriteInDoubtError, match="syncing it again failed"):
+        await backend.load_stored("s1")
+    monkeypatch.undo()
+    loaded = await backend.load_stored("s1")  # the batch is written again and synced first
+    assert loaded is not None and loaded.events == [e for b in batches for e in b]
 
 
 async def test_append_never_recreates_a_deleted_log(make: Factory) -> None:
@@ -424,13 +430,19 @@ async def test_torn_declaration_and_zero_tails_are_removed_byte_identically(make
     before = path.read_bytes()
     last = pairs(before, backend.compression)[-1]
     nxt = declared(backend.compression, last.first_seq + last.count, 1, b'{"type":"turn/start"}\n')
-    for tail in (nxt[:3], nxt[:20], nxt[: len(nxt) - 1], b"\0" * 5000, nxt[:10] + b"\0" * 4000):
+    for tail in (nxt[:3], nxt[:20], nxt[: len(nxt) - 1], b"\0" * 5000):
         path.write_bytes(before + tail)
         loaded = await backend.load_stored("s1")
         assert loaded is not None
         assert loaded.torn_marker is not None, tail
         await backend.commit_repair(st, loaded.torn_marker, [])
         assert path.read_bytes() == before
+    # A declaration's start followed by zeros that begin off a sector boundary and run far past the batch it
+    # declares: no crash of that one write leaves this, so it is damage, left alone.
+    path.write_bytes(before + nxt[:10] + b"\0" * 4000)
+    with pytest.raises(SessionPersistenceCorruptionError):
+        await backend.load_stored("s1")
+    path.write_bytes(before)
 
 
 async def test_damage_is_refused_anywhere_and_list_survives_a_damaged_header(make: Factory) -> None:

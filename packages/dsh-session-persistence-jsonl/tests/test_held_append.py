@@ -152,7 +152,7 @@ async def test_failed_append_and_rollback_on_the_kept_descriptor_is_in_doubt(
         raise OSError(errno.EIO, "injected")
 
     monkeypatch.setattr(os, "fsync", always)
-    with pytest.raises(SessionWriteInDoubtError, match="rolling it back failed too") as info:
+    with pytest.raises(SessionWriteInDoubtError, match="rolling it back failed") as info:
         await backend.append_batch(ST, batches[2], True)
     assert info.value.errno == errno.EIO
     assert info.value.path == str(path)

@@ -126,7 +126,8 @@ class JsonlBackend(JsonlReads):
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
-        await self._run_shielded(lambda: self._materialize_sync(storage, ()), "materializing the session log")
+        work = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, ()))
+        await self._run_shielded(work, "materializing the session log")
 
     def _upgrade_sync(
         self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
@@ -175,11 +176,13 @@ class JsonlBackend(JsonlReads):
             return
         batch = list(events)
         if not is_materialized:
-            await self._run_shielded(lambda: self._materialize_sync(storage, batch), "materializing the session log")
+            first = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, batch))
+            await self._run_shielded(first, "materializing the session log")
             return
         path = self._path_for(storage.meta)
 
-        await self._run_shielded(partial(self._append_sync, storage, path, batch), "appending to the session log")
+        append = self._noting_unsynced(storage.meta.id, partial(self._append_sync, storage, path, batch))
+        await self._run_shielded(append, "appending to the session log")
 
     def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
         """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""
@@ -229,7 +232,7 @@ class JsonlBackend(JsonlReads):
                 check_contiguous(storage.meta.id, found[0], batch)
                 append_durable(path, self._encode_batch(batch))
 
-        await self._run_shielded(work, "repairing the session log")
+        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "repairing the session log")
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         """Atomically replace the log with ``events`` (a contiguous prefix, possibly empty); header kept."""
@@ -246,7 +249,7 @@ class JsonlBackend(JsonlReads):
             replace_durable(path, data)
             self._declared.add(path)
 
-        await self._run_shielded(work, "rewriting the session log")
+        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "rewriting the session log")
 
     # --------------------------------------------------------------------------------------------------------
     # the operator's explicit step for a damaged final batch
@@ -358,7 +361,7 @@ class JsonlBackend(JsonlReads):
             compact_transcript(path, storage.meta.id, data, expected_revision)
             self._declared.add(path)
 
-        await self._run_shielded(work, "compacting the session log")
+        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "compacting the session log")
 
     async def writer_lease_holder(self, meta: SessionHeader) -> str | None:
         """Who holds the session's writer lease (``"pid 4242 on host-a"``), ``None`` when nobody does; reads the

@@ -18,12 +18,16 @@ from dsh.session_persistence.backend import (
     SessionLocation,
     SessionPersistenceError,
     SessionStorageError,
+    SessionWriteInDoubtError,
     StorageMetadata,
     encode_storage_lines,
 )
 
 from ._files.discovery import check_identity, find_transcript, preflight
 from ._files.fs import (
+    UnsyncedBytes,
+    UnsyncedError,
+    UnsyncedName,
     read_head,
     stable_read,
 )
@@ -113,6 +117,9 @@ class JsonlCore:
         self._declared: set[str] = set()
         # The next seq of each transcript as this instance last saw it, so an append at a wrong seq is refused.
         self._next_seqs = NextSeqCache()
+        # Session id -> a write of it whose sync failed and was not made good yet: until it settles, the stored
+        # state (the page cache) is no evidence, so every read or write of the session settles it first.
+        self._unsynced: dict[str, UnsyncedBytes | UnsyncedName] = {}
         # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
         self._appenders: dict[str, HeldAppender] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
@@ -150,6 +157,37 @@ class JsonlCore:
             result = await self._run(func, action)
         return result
 
+    def _settle_unsynced(self, session_id: str) -> None:
+        """Make good a write of ``session_id`` whose sync failed (write its bytes again and sync, or sync its
+        directory again), or raise :class:`SessionWriteInDoubtError`: a read-back must never acknowledge it."""
+        pending = self._unsynced.get(session_id)
+        if pending is None:
+            return
+        try:
+            pending.settle()
+        except OSError as exc:
+            where = pending.path if isinstance(pending, UnsyncedBytes) else pending.directory
+            raise SessionWriteInDoubtError(
+                f'session "{session_id}": a write whose sync failed is still not durable, and syncing it again '
+                f"failed ({exc.strerror or exc}); nothing it stored is acknowledged until a sync succeeds",
+                errno=exc.errno,
+                path=where,
+            ) from exc
+        self._unsynced.pop(session_id, None)
+
+    def _noting_unsynced(self, session_id: str, func: Callable[[], _T]) -> Callable[[], _T]:
+        """``func``, remembering a write of ``session_id`` it leaves unsynced (see :meth:`_settle_unsynced`)."""
+
+        def run() -> _T:
+            self._settle_unsynced(session_id)
+            try:
+                return func()
+            except UnsyncedError as exc:
+                self._unsynced[session_id] = exc.pending
+                raise
+
+        return run
+
     def _ensure_preflight(self) -> None:
         # Memoized on success only: a failed preflight is re-checked on the next call, so fixing the root
         # (removing the foreign artifact) does not require a new backend instance (spec §5 #88: port decision).
@@ -180,6 +218,7 @@ class JsonlCore:
         return find_transcript(self.root, session_id, self.compression, _checkpoint)
 
     def _read_log(self, session_id: str) -> tuple[DecodedLog, str] | None:
+        self._settle_unsynced(session_id)
         path = self._find(session_id)
         if path is None:
             return None

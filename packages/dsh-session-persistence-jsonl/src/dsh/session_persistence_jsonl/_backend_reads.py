@@ -63,6 +63,7 @@ class JsonlReads(JsonlCore):
         )
 
     def _read_suffix(self, session_id: str, from_seq: int) -> StoredSuffix | None:
+        self._settle_unsynced(session_id)
         path = self._find(session_id)
         if path is None:
             return None

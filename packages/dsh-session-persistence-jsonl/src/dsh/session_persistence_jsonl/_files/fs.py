@@ -15,10 +15,14 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from dsh.session_persistence.backend import SessionStorageError, SessionWriteInDoubtError
 
 __all__ = [
+    "UnsyncedBytes",
+    "UnsyncedError",
+    "UnsyncedName",
     "append_durable",
     "append_held",
     "open_append",
@@ -186,13 +190,88 @@ def _naming(path: str) -> Iterator[None]:
         raise
 
 
-def _in_doubt(action: str, path: str, exc: OSError, detail: str) -> SessionWriteInDoubtError:
+@dataclass(frozen=True)
+class UnsyncedBytes:
+    """Bytes written to a file whose every sync since failed: the page cache holding them proves nothing (Linux
+    may mark such pages clean after a failed ``fsync``), so only writing them again and a successful sync does."""
+
+    path: str
+    ident: tuple[int, int]
+    offset: int
+    data: bytes
+
+    def settle(self) -> None:
+        """Write the bytes again at their offset and sync; a file replaced or cut short since is not ours."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | _O_CLOEXEC | _O_NOFOLLOW)  # never O_APPEND: pwrite must seek
+        except FileNotFoundError:
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != self.ident or not self.offset <= st.st_size <= self.offset + len(self.data):
+                return  # replaced or rewritten since (under a lease): the read-back judges what it holds
+            _pwrite_all(fd, self.data, self.offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class UnsyncedName:
+    """A name linked or renamed into ``directory`` whose directory sync failed: not durable until one succeeds."""
+
+    directory: str
+
+    def settle(self) -> None:
+        fsync_dir(self.directory)
+
+
+class UnsyncedError(SessionWriteInDoubtError):
+    """A write whose sync failed and could not be made good: ``pending`` must settle before the session's stored
+    state is evidence of anything (the backend settles it before its next read or write of the session)."""
+
+    def __init__(self, message: str, pending: UnsyncedBytes | UnsyncedName, errno: int | None, path: str) -> None:
+        super().__init__(message, errno=errno, path=path)
+        self.pending = pending
+
+
+def _unsynced(
+    action: str, path: str, exc: OSError, detail: str, pending: UnsyncedBytes | UnsyncedName
+) -> UnsyncedError:
     text = exc.strerror or str(exc) or type(exc).__name__
-    return SessionWriteInDoubtError(
-        f'{action} "{path}" is in doubt: {detail} ({text}); read the stored state back before writing again',
-        errno=exc.errno,
-        path=path,
+    return UnsyncedError(
+        f'{action} "{path}" is in doubt: {detail} ({text}); it is not acknowledged until a sync succeeds',
+        pending,
+        exc.errno,
+        path,
     )
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _make_good(fd: int, path: str, before: int, data: bytes, exc: OSError, rollback_exc: OSError) -> None:
+    """After a failed append whose rollback failed too: write the batch again at ``before`` and sync, so that a
+    successful sync covers its bytes (then it is durable, and acknowledged), else raise :class:`UnsyncedError`."""
+    st = os.fstat(fd)
+    pending = UnsyncedBytes(path, (st.st_dev, st.st_ino), before, data)
+    try:
+        pending.settle()
+    except OSError as again:
+        what = rollback_exc.strerror or str(rollback_exc)
+        raise _unsynced(
+            "append to",
+            path,
+            exc,
+            f"the append failed, rolling it back failed ({what}) and writing it again failed "
+            f"({again.strerror or again})",
+            pending,
+        ) from exc
 
 
 def _publish_exclusive(final_path: str, data: bytes) -> None:
@@ -203,10 +282,12 @@ def _publish_exclusive(final_path: str, data: bytes) -> None:
     except BaseException:
         _unlink_quietly(tmp)
         raise
+    directory = os.path.dirname(final_path)
     try:
-        fsync_dir(os.path.dirname(final_path))
+        fsync_dir(directory)
     except OSError as exc:
-        raise _in_doubt("publishing", final_path, exc, "the log was linked but its directory fsync failed") from exc
+        detail = "the log was linked but its directory fsync failed"
+        raise _unsynced("publishing", final_path, exc, detail, UnsyncedName(directory)) from exc
     finally:
         # The log is already published; a leftover staging name is harmless.
         _unlink_quietly(tmp)
@@ -226,10 +307,12 @@ def _replace_durable(final_path: str, data: bytes, expected_revision: str | None
     except BaseException:
         _unlink_quietly(tmp)
         raise
+    directory = os.path.dirname(final_path)
     try:
-        fsync_dir(os.path.dirname(final_path))
+        fsync_dir(directory)
     except OSError as exc:
-        raise _in_doubt("replacing", final_path, exc, "the new log was renamed into place but not fsynced") from exc
+        detail = "the new log was renamed into place but not fsynced"
+        raise _unsynced("replacing", final_path, exc, detail, UnsyncedName(directory)) from exc
 
 
 def _truncate_to(path: str, size: int) -> None:
@@ -253,14 +336,14 @@ def _append_durable(path: str, data: bytes) -> None:
         _write_all(fd, data)
         os.fsync(fd)
     except OSError as exc:
-        os.close(fd)
         try:
-            _truncate_to(path, before)
-        except OSError as rollback_exc:
-            what = rollback_exc.strerror or str(rollback_exc)
-            raise _in_doubt(
-                "append to", path, exc, f"the append failed and rolling it back failed too ({what})"
-            ) from exc
+            try:
+                _truncate_to(path, before)
+            except OSError as rollback_exc:
+                _make_good(fd, path, before, data, exc, rollback_exc)
+                return
+        finally:
+            os.close(fd)
         raise
     except BaseException:
         os.close(fd)
@@ -317,8 +400,8 @@ def publish_exclusive(final_path: str, data: bytes) -> None:
 
     ``link`` never replaces: a lost race raises ``FileExistsError`` and the winner's file stays untouched
     (``rename`` would silently replace a committed log). Readers see no file or the complete one. A failed
-    directory fsync after the link is in doubt (the log is visible but maybe not durable):
-    :class:`SessionWriteInDoubtError`.
+    directory fsync after the link is in doubt (the log is visible but maybe not durable): :class:`UnsyncedError`,
+    whose ``pending`` name must be synced before the log is evidence of anything.
     """
     with _naming(final_path):
         _publish_exclusive(final_path, data)
@@ -338,8 +421,9 @@ def append_durable(path: str, data: bytes) -> None:
     """Append + fsync; on any failure truncate back to the prior length, so no partial bytes survive.
 
     Opened without ``O_CREAT``: a deleted log fails instead of silently becoming a header-less file. The
-    original ``OSError`` propagates after a clean rollback (nothing of the batch is stored); if the rollback
-    fails too, the batch may be partly stored: :class:`SessionWriteInDoubtError`.
+    original ``OSError`` propagates after a clean rollback (nothing of the batch is stored). If the rollback
+    fails too, the page cache may hold the batch, which proves nothing after a failed sync: the batch is written
+    again at the same offset and synced (then it is durable and this returns), else :class:`UnsyncedError`.
     """
     with _naming(path):
         _append_durable(path, data)
@@ -366,10 +450,8 @@ def _append_held(fd: int, path: str, before: int, data: bytes) -> None:
             os.ftruncate(fd, before)
             os.fsync(fd)
         except OSError as rollback_exc:
-            what = rollback_exc.strerror or str(rollback_exc)
-            raise _in_doubt(
-                "append to", path, exc, f"the append failed and rolling it back failed too ({what})"
-            ) from exc
+            _make_good(fd, path, before, data, exc, rollback_exc)
+            return
         raise
 
 

@@ -39,7 +39,10 @@ def snapshot_batch(events: Sequence[SessionEvent | Mapping[str, Any]]) -> builti
                     # Opaque payloads are plain containers: check them before msgspec would coerce them.
                     snapshot_json(data, f'session event "{event.type}"')
                 plain.append(snapshot_json(event_to_builtins(event), f'session event "{event.type}"'))
-    except (NotLosslessJsonError, TypeError) as exc:
+    except NotLosslessJsonError as exc:
+        # The same typed error the live path raises (it names the offending value's path).
+        raise NotLosslessJsonError(f"{_LOSSY_BATCH}: {exc.what}", exc.reason, exc.path) from exc
+    except TypeError as exc:
         raise TypeError(f"{_LOSSY_BATCH}: {exc}") from exc
     return [decode_event(obj) for obj in plain]
 
