@@ -33,7 +33,7 @@ def test_the_safe_set_registers_the_policy_and_the_default_backend() -> None:
     host = Host()
     host.load_entrypoints()
     assert host.has_checkpoint_policy()
-    assert "jsonl" in host.backends()
+    assert "jsonl" in host.dsh_session_backends()
 
 
 def test_open_sessions_is_the_core_front_door() -> None:
