@@ -3,43 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
-
-import anyio
-from msgspec import UNSET
+from typing import TYPE_CHECKING, Any
 
 from .._coordinator.service import coordinators_of
 from .._host.boundaries import (
     CancelSignal,
-    ModelRequest,
     PreStepDecision,
     PreStepInput,
     ToolExecution,
-    TurnAborted,
 )
 from .._host.reconcile import DEFAULT_RECONCILE_TIMEOUT_S
 from .._model.errors import CheckpointPolicyMissingError, SessionIdCollisionError
 from .._model.events import (
     Message,
-    RequestContext,
     TextBlock,
     TurnEnd,
     TurnStart,
     UserSource,
 )
+from .model_step import ModelSteps
 from .protocols import (
     DEFAULT_MAX_PARALLEL_TOOL_CALLS,
     LlmError,
     ModelAdapter,
     Tool,
     _abort_cause,
-    _aclose,
     _builtins,
     _error_text,
     _unwrap,
 )
 from .resume import ResumeSteps, answer_pending
-from .runtime import Assembler, runtime
+from .runtime import runtime
 from .tool_calls import ToolSteps, _Slot
 from .tools import tool_spec
 from .turn_result import TurnResult, turn_result
@@ -52,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["AgentLoop"]
 
 
-class AgentLoop(ToolSteps, ResumeSteps):
+class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
     """A reference agent: one live session, one model adapter, some tools, one turn at a time.
 
     :param host: The plugin host (its ``SessionStore`` is ``store``).
@@ -436,120 +430,6 @@ class AgentLoop(ToolSteps, ResumeSteps):
         event = session.append("turn/end", {"turn": turn, "reason": reason})
         assert isinstance(event, TurnEnd)
         return event
-
-    # ---------------------------------------------------------------------------------------------
-    # A step: request, stream, tools
-
-    def _log_request(self) -> None:
-        session = self._session
-        previous = session.request_header()
-        header: dict[str, Any] = {"config": {"provider": self.provider, "model": self.model}}
-        if self.system is not None:
-            header["system"] = self.system
-        if self._tool_specs:
-            header["tools"] = [dict(spec) for spec in self._tool_specs]
-        if not self._requested:
-            self._requested = True
-            session.append("request/header", {"header": header, "reason": "initial" if previous is None else "resume"})
-        elif previous is None or _builtins(previous) != header:
-            session.append("request/header", {"header": header, "reason": "change"})
-        context = None
-        for event in reversed(session.events):
-            if type(event) is RequestContext:
-                context = event.data
-                break
-        if context is None or (context.provider, context.model) != (self.provider, self.model):
-            session.append("request/context", {"provider": self.provider, "model": self.model})
-
-    async def _step(self, turn: int, step: int, signal: CancelSignal) -> Literal["completed", "max-tokens"] | None:
-        session = self._session
-        self._log_request()
-        signal.raise_if_aborted()
-        request = ModelRequest(
-            session_id=session.id,
-            messages=tuple(session.derive_messages()),
-            config={"provider": self.provider, "model": self.model},
-            signal=signal,
-            system=self.system,
-            tools=self._tool_specs,
-        )
-        stream = self.host.llm_stream(request)
-        assembler = Assembler()
-        chunk_seqs: list[int] = []
-        error: Exception | None = None
-        try:
-            signal.raise_if_aborted()
-        except TurnAborted:
-            # Never iterated: dispose of the unstarted chain.
-            await _aclose(stream)
-            raise
-
-        async def watch(scope: anyio.CancelScope) -> None:
-            # Race the iteration against the cooperative signal, so a hanging adapter stops.
-            await signal.wait()
-            scope.cancel()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch, tg.cancel_scope)
-            try:
-                try:
-                    async for chunk in stream:
-                        signal.raise_if_aborted()
-                        event = session.append(
-                            "assistant/chunk", {"turn": turn, "step": step, "chunk": _builtins(chunk)}
-                        )
-                        chunk_seqs.append(event.seq)
-                        assembler.feed(chunk)
-                finally:
-                    await _aclose(stream)
-            except Exception as exc:
-                error = exc
-            finally:
-                tg.cancel_scope.cancel()
-        if signal.aborted:
-            blocks = assembler.blocks(interrupted=True)
-            if blocks:
-                data: dict[str, Any] = {
-                    "turn": turn,
-                    "step": step,
-                    "message": self._assistant(turn, step, blocks),
-                    "interrupted": True,
-                }
-                if assembler.usage is not None:
-                    data["usage"] = assembler.usage
-                session.append("assistant/message", data, source_event_seqs=chunk_seqs)
-            raise TurnAborted(signal.reason)
-        if error is not None:
-            raise error
-        finish = assembler.finish
-        kind = finish.kind if finish is not None else "stop"
-        if kind in ("error", "aborted"):
-            assert finish is not None
-            failure = _builtins(finish.error) if finish.error is not UNSET else {"message": kind, "code": "UNKNOWN"}
-            raise LlmError(failure)
-        blocks = assembler.blocks(interrupted=False)
-        data = {"turn": turn, "step": step, "message": self._assistant(turn, step, blocks)}
-        if assembler.usage is not None:
-            data["usage"] = assembler.usage
-        session.append("assistant/message", data, source_event_seqs=chunk_seqs)
-        if kind == "max-tokens":
-            return "max-tokens"
-        calls = [block for block in blocks if block.get("type") == "tool-call"]
-        if not calls:
-            return "completed"
-        await self._run_tools(turn, step, calls, signal)
-        return None
-
-    def _assistant(self, turn: int, step: int, blocks: list[Any]) -> dict[str, Any]:
-        return {
-            "id": f"assistant-{turn}-{step}",
-            "role": "assistant",
-            "content": blocks,
-            "source": {"kind": "model", "provider": self.provider, "model": self.model},
-        }
-
-    # ---------------------------------------------------------------------------------------------
-    # Tools
 
     def __repr__(self) -> str:
         state = "running" if self._signal is not None else "idle"
