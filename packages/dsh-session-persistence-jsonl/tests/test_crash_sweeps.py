@@ -13,6 +13,9 @@ Log format v1 (declared batches, what this build writes):
 Log format v0 (written by 0.1, still loaded): the truncation sweep keeps its old guarantees (complete frames
 and lines are never lost) and a flip in a complete, non-final frame is refused.
 
+The v1 sweeps run on a sealed (encrypted) backend too: the seal sits inside the CRC-covered data, so the rules
+are the same, and a flip is damage (the CRC), never a decryption error.
+
 Default mode keeps the file small; ``DSH_LONG=1`` uses a bigger session and every flip mask.
 """
 # ruff: noqa: ASYNC240
@@ -33,8 +36,10 @@ from dsh.session_persistence.backend import (
 from dsh.session_persistence.repair import interrupted_turn_closers
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._files.discovery import check_identity
+from dsh.session_persistence_jsonl.encryption import SessionDecryptError, SessionKeyError
 
 from ._formats import pairs, write_v0
+from ._sealed import sealed_backend
 from ._sessions import storage, turn_batches
 
 LONG = os.environ.get("DSH_LONG") == "1"
@@ -50,6 +55,11 @@ REPAIR_STRIDE = 1 if LONG else 7
 @pytest.fixture(params=["zstd", "none"])
 def compression(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "sealed"])
+def sealed(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
 
 
 @pytest.fixture(autouse=True)
@@ -73,10 +83,11 @@ def _overwrite(path: Path, data: bytes, at: int = 0, size: int | None = None) ->
 
 
 async def _build(
-    tmp_path: Path, compression: str, fmt: str = "v1"
+    tmp_path: Path, compression: str, fmt: str = "v1", sealed: bool = False
 ) -> tuple[JsonlBackend, Any, list[list[Any]], Path, int]:
     """A realistic session, one batch per turn, the last turn's batch open (no turn/end), as a crash leaves it."""
-    backend = JsonlBackend(tmp_path / "root", compression=compression)  # type: ignore[arg-type]
+    factory = sealed_backend if sealed else JsonlBackend
+    backend = factory(tmp_path / "root", compression=compression)
     st = storage()
     batches = turn_batches(TURNS, tokens=TOKENS)
     batches[-1] = batches[-1][:-1]
@@ -119,9 +130,9 @@ async def _repair_round(backend: JsonlBackend, st: Any, path: Path, committed_by
 
 
 async def test_v1_every_cut_of_the_last_batch_is_the_committed_prefix_plus_a_tear(
-    tmp_path: Path, compression: str
+    tmp_path: Path, compression: str, sealed: bool
 ) -> None:
-    backend, st, batches, path, last_start = await _build(tmp_path, compression)
+    backend, st, batches, path, last_start = await _build(tmp_path, compression, sealed=sealed)
     full = path.read_bytes()
     committed = [e for b in batches[:-1] for e in b]
     for cut in range(last_start, len(full)):
@@ -138,7 +149,7 @@ async def test_v1_every_cut_of_the_last_batch_is_the_committed_prefix_plus_a_tea
     assert _decode(backend, path, full).events == committed + batches[-1]
 
 
-async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compression: str) -> None:
+async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compression: str, sealed: bool) -> None:
     """The size reached the disk, the bytes did not: zeros from any offset of the last batch to the end.
 
     Zeros from the batch start or from a sector boundary inside its declaration, or data turning to zeros from a
@@ -146,7 +157,7 @@ async def test_v1_zero_filled_tails_are_torn_not_damage(tmp_path: Path, compress
     kept, whichever it was. Zeros that start and end inside one sector of the declaration or of the data are
     damage (no crash leaves that: a disk loses whole sectors).
     """
-    backend, st, batches, path, last_start = await _build(tmp_path, compression)
+    backend, st, batches, path, last_start = await _build(tmp_path, compression, sealed=sealed)
     full = path.read_bytes()
     committed = [e for b in batches[:-1] for e in b]
     last = pairs(full, compression)[-1]
@@ -199,6 +210,10 @@ def _flip_sweep(
             except SessionFormatUnsupportedError:
                 stats["refused"] += 1
                 continue
+            except (SessionKeyError, SessionDecryptError):
+                stats["silent"] += 1  # the CRC must find every flip before the cipher sees the bytes
+                stats.setdefault("first_silent_offset", offset)
+                continue
             except SessionPersistenceError:
                 stats["damage"] += 1
                 continue
@@ -212,9 +227,9 @@ def _flip_sweep(
     return stats
 
 
-async def test_v1_every_flipped_byte_is_refused_as_damage(tmp_path: Path, compression: str) -> None:
+async def test_v1_every_flipped_byte_is_refused_as_damage(tmp_path: Path, compression: str, sealed: bool) -> None:
     """Header, every batch, the last one included: a CRC-32 covers every byte, so no flip goes unnoticed."""
-    backend, _st, batches, path, _last_start = await _build(tmp_path, compression)
+    backend, _st, batches, path, _last_start = await _build(tmp_path, compression, sealed=sealed)
     everything = [e for b in batches for e in b]
     full = path.read_bytes()
     stats = _flip_sweep(backend, path, full, range(len(full)), everything)

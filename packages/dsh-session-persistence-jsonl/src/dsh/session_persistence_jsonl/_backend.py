@@ -84,7 +84,7 @@ class JsonlBackend(JsonlReads):
         header = storage.meta
         check_contiguous(header.id, 0, events)
         # Encode everything before touching the disk: an encoding error must leave no trace.
-        data = self._encode_header(storage) + (self._encode_batch(events) if events else b"")
+        data, seal = self._encode_log(storage, events)
         self._ensure_preflight()
         project = project_dir_name(_cwd_of(header))
         segment = session_segment(header.id)
@@ -100,6 +100,7 @@ class JsonlBackend(JsonlReads):
         except FileExistsError as exc:
             raise _exists_error(refusal, path) from exc
         self._declared.add(path)
+        self._remember_seal(path, seal)
         self._next_seqs.remember(path, os.stat(path), len(events))
 
     def _next_seq_sync(self, path: str, session_id: str) -> tuple[int, os.stat_result] | None:
@@ -139,7 +140,7 @@ class JsonlBackend(JsonlReads):
             if marker is not None:
                 raise SessionStorageError(f'refusing to repair "{path}": it was rewritten since it was read', path=path)
             if batch:
-                append_durable(path, self._encode_batch(batch))
+                append_durable(path, self._encode_batch(batch, self._seal_for(path)))
             return
         log = self._decode(data, path)
         if marker is not None:
@@ -193,7 +194,7 @@ class JsonlBackend(JsonlReads):
             return
         next_seq, st = found
         check_contiguous(storage.meta.id, next_seq, batch)
-        data = self._encode_batch(batch)
+        data = self._encode_batch(batch, self._seal_for(path))
         self._next_seqs.forget(path)
         appender = self._appenders.get(path)
         if appender is None:
@@ -230,7 +231,7 @@ class JsonlBackend(JsonlReads):
                     self._upgrade_sync(storage, path, batch, None)
                     return
                 check_contiguous(storage.meta.id, found[0], batch)
-                append_durable(path, self._encode_batch(batch))
+                append_durable(path, self._encode_batch(batch, self._seal_for(path)))
 
         await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "repairing the session log")
 
@@ -240,7 +241,7 @@ class JsonlBackend(JsonlReads):
         batch = list(events)
 
         def work() -> None:
-            data = self._encode_header(storage) + (self._encode_batch(batch) if batch else b"")
+            data, _seal = self._encode_log(storage, batch)
             try:
                 os.lstat(path)
             except FileNotFoundError:
@@ -259,7 +260,7 @@ class JsonlBackend(JsonlReads):
         if path is None:
             raise SessionNotFoundError(session_id)
         data, _revision = stable_read(path)
-        return find_damaged_tail(data, self.compression, path, self.max_batch_bytes)
+        return find_damaged_tail(data, self.compression, path, self.max_batch_bytes, self.encryption)
 
     async def find_damaged_tail(self, session_id: str) -> DamagedTail | None:
         """The damaged final batch of a session's v1 log (``None`` if none); never writes.
@@ -329,7 +330,7 @@ class JsonlBackend(JsonlReads):
             except FileNotFoundError:
                 return None
             if is_declared(data[:64], self.compression):
-                salvaged = salvage_declared(data, self.compression, path, self.max_batch_bytes)
+                salvaged = salvage_declared(data, self.compression, path, self.max_batch_bytes, self.encryption)
             else:
                 salvaged = (salvage_zstd if self.compression == "zstd" else salvage_raw)(data, path)
             check_identity(self.root, self.compression, path, salvaged.meta, session_id)
@@ -357,7 +358,7 @@ class JsonlBackend(JsonlReads):
 
         def work() -> None:
             # Encoded before anything is touched: an encoding error leaves no trace.
-            data = self._encode_header(storage) + (self._encode_batch(batch) if batch else b"")
+            data, _seal = self._encode_log(storage, batch)
             compact_transcript(path, storage.meta.id, data, expected_revision)
             self._declared.add(path)
 

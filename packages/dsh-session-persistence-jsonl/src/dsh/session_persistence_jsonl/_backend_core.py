@@ -28,6 +28,7 @@ from ._files.fs import (
     UnsyncedBytes,
     UnsyncedError,
     UnsyncedName,
+    open_read,
     read_head,
     stable_read,
 )
@@ -37,6 +38,7 @@ from ._files.seq_guard import NextSeqCache
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
 from ._format.frames import Compression
 from ._format.records import corrupt, encode_header_line
+from ._format.sealed import BatchSeal, check_cipher_available, header_seal, seal_header_line
 from ._format.upgrade import current_header
 from ._format.v0 import DecodedLog, decode_raw_log, decode_zstd_log
 from ._format.v1 import (
@@ -44,12 +46,15 @@ from ._format.v1 import (
     HEADER_CAP,
     BatchTooLargeError,
     BufferSource,
+    FdSource,
     encode_declared_batch,
     encode_declared_header,
     is_declared,
+    read_seal,
     walk_declared,
 )
 from ._format.v1_declarations import MAX_DECLARED_BYTES
+from .encryption import KeyProvider
 
 __all__ = ["JsonlCore", "SessionLogExistsError"]
 
@@ -99,6 +104,7 @@ class JsonlCore:
         compression: Compression = "zstd",
         pack_chunks: bool = True,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        encryption: KeyProvider | None = None,
     ) -> None:
         if compression not in ("zstd", "none"):
             raise ValueError(f'compression must be "zstd" or "none", got {compression!r}')
@@ -112,6 +118,13 @@ class JsonlCore:
         self.compression: Compression = compression
         self.pack_chunks = bool(pack_chunks)
         self.max_batch_bytes = max_batch_bytes
+        if encryption is not None:
+            if not isinstance(encryption, KeyProvider):
+                raise TypeError(f"encryption must be a KeyProvider, got {type(encryption).__name__}")
+            check_cipher_available()
+        self.encryption = encryption
+        # Transcript path -> ((dev, ino), its seal): a replace (compact, rewrite) makes a new inode and a new header.
+        self._seals: dict[str, tuple[tuple[int, int], BatchSeal | None]] = {}
         self._preflight_done = False
         # Transcripts this instance knows to be declared (v1): written, upgraded or read as such.
         self._declared: set[str] = set()
@@ -203,7 +216,12 @@ class JsonlCore:
         if is_declared(data[:64], self.compression):
             self._declared.add(path)
             return walk_declared(
-                BufferSource(data), self.compression, path, self.max_batch_bytes, checkpoint=_checkpoint
+                BufferSource(data),
+                self.compression,
+                path,
+                self.max_batch_bytes,
+                checkpoint=_checkpoint,
+                keys=self.encryption,
             )
         if self.compression == "zstd":
             log = decode_zstd_log(data, path, _checkpoint, self.max_batch_bytes)
@@ -231,9 +249,9 @@ class JsonlCore:
         check_identity(self.root, self.compression, path, log.header, session_id)
         return log, revision
 
-    def _encode_batch(self, events: Sequence[SessionEvent]) -> bytes:
+    def _encode_batch(self, events: Sequence[SessionEvent], seal: BatchSeal | None) -> bytes:
         plaintext = encode_storage_lines(events, pack_chunks=self.pack_chunks)
-        pair = encode_declared_batch(self.compression, events[0].seq, len(events), plaintext)
+        pair = encode_declared_batch(self.compression, events[0].seq, len(events), plaintext, seal)
         if len(plaintext) > self.max_batch_bytes or len(pair) - len(plaintext) > self.max_batch_bytes:
             raise BatchTooLargeError(
                 f"a batch of {len(events)} event(s) from seq {events[0].seq} needs {len(plaintext)} bytes, above "
@@ -241,11 +259,40 @@ class JsonlCore:
             )
         return pair
 
-    def _encode_header(self, storage: StorageMetadata) -> bytes:
+    def _encode_log(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> tuple[bytes, BatchSeal | None]:
+        """A whole new transcript (header, then ``events`` as one batch, if any) and its seal (``None``: plaintext).
+
+        With a key provider every new header is sealed, so every batch written under it is too.
+        """
         line = encode_header_line(current_header(storage))
+        seal = None
+        if self.encryption is not None:
+            line = seal_header_line(line)
+            sealed = header_seal(line[:-1])
+            assert sealed is not None
+            seal = BatchSeal(sealed, self.encryption, self.compression, self._path_for(storage.meta))
         if len(line) > min(HEADER_CAP, self.max_batch_bytes):
             raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")
-        return encode_declared_header(self.compression, line)
+        data = encode_declared_header(self.compression, line)
+        return data + (self._encode_batch(events, seal) if events else b""), seal
+
+    def _remember_seal(self, path: str, seal: BatchSeal | None) -> None:
+        st = os.stat(path)
+        self._seals[path] = ((st.st_dev, st.st_ino), seal)
+
+    def _seal_for(self, path: str) -> BatchSeal | None:
+        """The seal of the declared transcript at ``path`` (``None``: plaintext), from its header pair."""
+        fd = open_read(path)
+        try:
+            st = os.fstat(fd)
+            known = self._seals.get(path)
+            if known is not None and known[0] == (st.st_dev, st.st_ino):
+                return known[1]
+            seal = read_seal(FdSource(fd, st.st_size), self.compression, path, self.max_batch_bytes, self.encryption)
+        finally:
+            os.close(fd)
+        self._seals[path] = ((st.st_dev, st.st_ino), seal)
+        return seal
 
     def _is_declared_file(self, path: str) -> bool:
         """Whether ``path`` is a v1 file now (read from its first bytes: neither the header this writer holds

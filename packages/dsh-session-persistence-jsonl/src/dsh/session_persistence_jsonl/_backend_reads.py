@@ -83,6 +83,7 @@ class JsonlReads(JsonlCore):
                     self.max_batch_bytes,
                     from_seq=from_seq,
                     checkpoint=_checkpoint,
+                    keys=self.encryption,
                 )
                 unchanged = revision_of(os.fstat(fd)) == revision_of(st)
             finally:
@@ -115,7 +116,9 @@ class JsonlReads(JsonlCore):
             if path is None:
                 raise SessionNotFoundError(session_id)
             try:
-                stream = open_stream(path, self.compression, self.max_batch_bytes, from_seq, _checkpoint)
+                stream = open_stream(
+                    path, self.compression, self.max_batch_bytes, from_seq, _checkpoint, self.encryption
+                )
             except FileNotFoundError:
                 raise SessionNotFoundError(session_id) from None
             if stream is None:
@@ -171,6 +174,7 @@ class JsonlReads(JsonlCore):
                 self.max_batch_bytes,
                 plaintexts=parts,
                 checkpoint=_checkpoint,
+                keys=self.encryption,
             )
             return b"".join(parts)
         if self.compression == "none":

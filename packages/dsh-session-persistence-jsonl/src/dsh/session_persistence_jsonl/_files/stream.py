@@ -18,6 +18,7 @@ from dsh.session_persistence.backend import SessionEvent, SessionHeader
 from .._format.frames import Compression
 from .._format.v0 import DecodedLog
 from .._format.v1 import FdSource, is_declared, open_declared
+from ..encryption import KeyProvider
 from .fs import open_read
 
 __all__ = ["RUN_EVENTS", "DeclaredStream", "open_stream"]
@@ -64,7 +65,12 @@ class DeclaredStream:
 
 
 def open_stream(
-    path: str, compression: Compression, cap: int, from_seq: int, checkpoint: Callable[[], None]
+    path: str,
+    compression: Compression,
+    cap: int,
+    from_seq: int,
+    checkpoint: Callable[[], None],
+    keys: KeyProvider | None = None,
 ) -> DeclaredStream | None:
     """Open ``path`` for a streaming walk from ``from_seq``; ``None`` if the transcript is a v0 log (the caller
     reads it whole). ``FileNotFoundError`` if it vanished."""
@@ -75,7 +81,7 @@ def open_stream(
             os.close(fd)
             return None
         log, batches = open_declared(
-            FdSource(fd, size), compression, path, cap, from_seq=from_seq, checkpoint=checkpoint
+            FdSource(fd, size), compression, path, cap, from_seq=from_seq, checkpoint=checkpoint, keys=keys
         )
     except BaseException:
         os.close(fd)

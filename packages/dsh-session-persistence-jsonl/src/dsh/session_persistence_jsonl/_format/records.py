@@ -21,6 +21,8 @@ from dsh.session_persistence.backend import (
 )
 from msgspec import UNSET
 
+from .sealed import unsealed_header_object
+
 __all__ = [
     "NotAHeaderError",
     "corrupt",
@@ -81,6 +83,8 @@ def parse_header_line(line: bytes, path: str, *, refuse_versions: bool = True) -
         obj = _decoder.decode(line)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise NotAHeaderError("corrupt session log: header line is not valid JSON") from exc
+    if type(obj) is dict:
+        obj = unsealed_header_object(obj)  # a sealed (v2) header reads as the v1 header it wraps
     if refuse_versions and type(obj) is dict:
         check_format_version(obj.get("id"), obj.get("version"), path)
     if type(obj) is not dict or obj.get("type") != "session":

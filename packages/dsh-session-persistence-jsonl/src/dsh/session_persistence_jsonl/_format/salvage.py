@@ -11,6 +11,7 @@ from __future__ import annotations
 import zstandard
 from dsh.session_persistence.backend import SalvagedLog, SessionHeader
 
+from ..encryption import KeyProvider
 from .frames import Compression, FrameError, decode_frame, scan_frames
 from .records import NotAHeaderError, corrupt, parse_header_line
 from .v0 import LineScanner
@@ -88,14 +89,16 @@ def salvage_zstd(data: bytes, path: str) -> SalvagedLog:
     return SalvagedLog(header, cut, scanner.events, damage)
 
 
-def salvage_declared(data: bytes, compression: Compression, path: str, cap: int) -> SalvagedLog:
+def salvage_declared(
+    data: bytes, compression: Compression, path: str, cap: int, keys: KeyProvider | None = None
+) -> SalvagedLog:
     """The prefix of a declared (v1) transcript: the walk is repeated over the bytes before each damaged batch
     until it reads cleanly (every retry ends strictly earlier, so this stops)."""
     limit = len(data)
     damage: str | None = None
     while True:
         try:
-            log = walk_declared(BufferSource(data[:limit]), compression, path, cap)
+            log = walk_declared(BufferSource(data[:limit]), compression, path, cap, keys=keys)
         except BatchDamage as exc:
             if not 0 < exc.offset < limit:
                 raise corrupt(f"cannot salvage: {exc}", path) from exc

@@ -35,9 +35,11 @@ from dsh.session_persistence.backend import (
     decode_storage_lines_from,
 )
 
+from ..encryption import KeyProvider
 from .bounded import decompress_declared
 from .frames import Compression, FrameError, compress_frame, raw_frame
 from .records import NotAHeaderError, corrupt, parse_header_line
+from .sealed import BatchSeal, header_seal, open_batch, seal_batch
 from .v0 import HEADER_CAP, DecodedLog, TornTail
 from .v1_declarations import (
     LINE_DECLARATION_MAX,
@@ -70,6 +72,7 @@ __all__ = [
     "encode_declared_header",
     "is_declared",
     "open_declared",
+    "read_seal",
     "walk_declared",
 ]
 
@@ -111,8 +114,18 @@ def is_declared(head: bytes, compression: Compression) -> bool:
 # Writing
 
 
-def encode_declared_batch(compression: Compression, first_seq: int, count: int, plaintext: bytes) -> bytes:
-    """One pair ready for a single ``write``: declaration, then the batch's frame (zstd) or lines (none)."""
+def encode_declared_batch(
+    compression: Compression, first_seq: int, count: int, plaintext: bytes, seal: BatchSeal | None = None
+) -> bytes:
+    """One pair ready for a single ``write``: declaration, then the batch's frame (zstd) or lines (none).
+
+    With ``seal`` (a sealed log) the data is the seal of that frame or those lines (``sealed``).
+    """
+    if seal is not None:
+        inner = compress_frame(plaintext) if compression == "zstd" else plaintext
+        data = seal_batch(seal, first_seq, count, inner)
+        declare = zstd_declaration if compression == "zstd" else line_declaration
+        return declare(first_seq, count, data) + data
     if compression == "zstd":
         data = compress_frame(plaintext)
         if 0 in data[-2:]:
@@ -260,6 +273,12 @@ class _Walk:
     path: str
     cap: int
     dctx: zstandard.ZstdDecompressor
+    keys: KeyProvider | None = None
+    seal: BatchSeal | None = None  # set by the header of a sealed log
+
+    def opened(self, data: bytes | memoryview, decl: Declaration, offset: int) -> bytes | memoryview:
+        """A batch's stored data with its seal opened (a sealed log), as v1 would have stored it."""
+        return data if self.seal is None else open_batch(self.seal, data, decl.first_seq, decl.count, offset)
 
     def damage(self, message: str) -> Exception:
         return corrupt(f"{_prefix(self.compression)}{message}", self.path)
@@ -315,12 +334,22 @@ def _read_header(
         header, cut = parse_header_line(plaintext[:-1], walk.path, refuse_versions=refuse_versions)
     except NotAHeaderError as exc:
         raise corrupt(str(exc), walk.path) from exc
+    sealed = header_seal(bytes(plaintext[:-1]))
+    if sealed is not None:
+        walk.seal = BatchSeal(sealed, walk.keys, walk.compression, walk.path)
     # A newer version is refused by parse_header_line (or listed, for list); an older one cannot be declared.
     if header.version < DECLARED_FORMAT_VERSION:
         raise walk.damage(f"declared (v1) log carries a v{header.version} header")
     if plaintexts is not None:
         plaintexts.append(plaintext)
     return header, cut, end
+
+
+def read_seal(src: Source, compression: Compression, path: str, cap: int, keys: KeyProvider | None) -> BatchSeal | None:
+    """The seal a declared transcript's header states (``None``: a plaintext log); damage raises as for a walk."""
+    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor(), keys)
+    _read_header(src, walk, min(walk.cap, HEADER_CAP), True, None)
+    return walk.seal
 
 
 def _zero_filled_end(
@@ -347,7 +376,7 @@ def _zero_filled_end(
     for last in range(1, 256):
         if zlib.crc32(bytes((last,)), prefix_crc) == decl.crc:
             restored = raw[:-1] + bytes((last,))
-            return walk.events(walk.plaintext(restored, data_start), decl, pos)
+            return walk.events(walk.plaintext(walk.opened(restored, decl, pos), data_start), decl, pos)
     return None
 
 
@@ -387,6 +416,7 @@ def walk_declared(
     plaintexts: list[bytes] | None = None,
     refuse_versions: bool = True,
     checkpoint: Checkpoint | None = None,
+    keys: KeyProvider | None = None,
 ) -> DecodedLog:
     """Walk a declared transcript: header, then every batch; the torn tail (if any) becomes a marker.
 
@@ -404,6 +434,7 @@ def walk_declared(
         plaintexts=plaintexts,
         refuse_versions=refuse_versions,
         checkpoint=checkpoint,
+        keys=keys,
     )
     if header_only:
         return log
@@ -423,15 +454,16 @@ def open_declared(
     plaintexts: list[bytes] | None = None,
     refuse_versions: bool = True,
     checkpoint: Checkpoint | None = None,
+    keys: KeyProvider | None = None,
 ) -> tuple[DecodedLog, Iterator[list[SessionEvent]]]:
     """The header (read now, into a log with no events) and an iterator over the batches, one list each.
 
     The iterator yields the events of every batch that reaches ``from_seq`` (whole batches: the first may start
     before it), reading nothing else, so a caller can consume a log of any length in the memory of one batch. When
     it is exhausted the log's ``committed_end`` and ``torn`` marker are set; damage raises as for
-    :func:`walk_declared`.
+    :func:`walk_declared`. A sealed log's batches are opened with ``keys`` (``sealed``).
     """
-    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor())
+    walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor(), keys)
     header, cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), refuse_versions, plaintexts)
     log = DecodedLog(header, cut, [], None, src.size, pos)
     return log, _batches(src, walk, log, pos, from_seq, plaintexts, checkpoint)
@@ -481,7 +513,7 @@ def _batches(
                     raise walk.damage(
                         f"batch at byte {pos} fails its CRC ({decl.count} event(s) from seq {decl.first_seq})"
                     )
-                plaintext = walk.plaintext(data, data_start)
+                plaintext = walk.plaintext(walk.opened(data, decl, pos), data_start)
                 batch = walk.events(plaintext, decl, pos)
                 if plaintexts is not None:
                     plaintexts.append(plaintext)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from dsh.session_persistence.backend import SessionPersistenceCorruptionError
 
+from ..encryption import KeyProvider
 from .frames import Compression
 from .v1 import BatchDamage, BufferSource, Source, _rest_is_torn, is_declared, walk_declared
 from .v1_declarations import (
@@ -83,7 +84,9 @@ def _later_declaration(src: Source, start: int, compression: Compression) -> int
     return None
 
 
-def find_damaged_tail(data: bytes, compression: Compression, path: str, cap: int) -> DamagedTail | None:
+def find_damaged_tail(
+    data: bytes, compression: Compression, path: str, cap: int, keys: KeyProvider | None = None
+) -> DamagedTail | None:
     """The damaged final batch of a v1 log, ``None`` when the log verifies (or ends in a mere torn tail).
 
     Raises ``SessionPersistenceCorruptionError`` when the damage is not confined to one final batch (the header,
@@ -95,7 +98,7 @@ def find_damaged_tail(data: bytes, compression: Compression, path: str, cap: int
         )
     src = BufferSource(data)
     try:
-        walk_declared(src, compression, path, cap)
+        walk_declared(src, compression, path, cap, keys=keys)
     except BatchDamage as exc:
         damage = exc
     else:
@@ -109,7 +112,7 @@ def find_damaged_tail(data: bytes, compression: Compression, path: str, cap: int
             f"the damage at byte {damage.offset} of {path} is followed by data that verifies: it is not confined "
             "to the final batch, so nothing is discarded"
         ) from damage
-    kept = walk_declared(BufferSource(data[: damage.offset]), compression, path, cap)
+    kept = walk_declared(BufferSource(data[: damage.offset]), compression, path, cap, keys=keys)
     decl = damage.declaration
     return DamagedTail(
         path=path,
