@@ -20,7 +20,6 @@ partial-frame recovery).
 from __future__ import annotations
 
 import operator
-import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from .bounded import decompress_declared
 from .frames import Compression, FrameError, compress_frame, raw_frame
 from .records import NotAHeaderError, corrupt, parse_header_line
 from .sealed import BatchSeal, header_seal, open_batch, seal_batch
+from .sources import BufferSource, FdSource, Source
 from .v0 import HEADER_CAP, DecodedLog, TornTail
 from .v1_declarations import (
     LINE_DECLARATION_MAX,
@@ -137,49 +137,6 @@ def encode_declared_batch(
 def encode_declared_header(compression: Compression, header_line: bytes) -> bytes:
     """The first pair of a v1 transcript: the header line (LF-terminated) declared as a batch of 0 events."""
     return encode_declared_batch(compression, 0, 0, header_line)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Sources: the same walk over an in-memory read (load) or a descriptor it seeks in (read_from, list)
-
-
-class Source:
-    """Random access to a transcript of ``size`` bytes."""
-
-    size: int
-
-    def read(self, start: int, stop: int) -> bytes | memoryview:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-class BufferSource(Source):
-    """A transcript already read into memory."""
-
-    def __init__(self, buf: bytes) -> None:
-        self._view = memoryview(buf)
-        self.size = len(buf)
-
-    def read(self, start: int, stop: int) -> memoryview:
-        return self._view[start:stop]
-
-
-class FdSource(Source):
-    """A transcript read on demand with ``pread`` (only the declarations and the wanted batches are read)."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self._fd = fd
-        self.size = size
-
-    def read(self, start: int, stop: int) -> bytes:
-        parts: list[bytes] = []
-        pos = start
-        while pos < stop:
-            chunk = os.pread(self._fd, min(stop - pos, 1 << 24), pos)
-            if not chunk:
-                break
-            parts.append(chunk)
-            pos += len(chunk)
-        return b"".join(parts)
 
 
 def _head_end(src: Source, pos: int) -> int:
