@@ -565,6 +565,20 @@ async def test_cancelled_append_still_completes(make: Factory) -> None:
     assert loaded.events == batches[0]  # the durable step ran shielded to completion
 
 
+async def test_aclose_ends_the_writer_threads(make: Factory) -> None:
+    import threading
+
+    def writers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("dsh-jsonl-writer") and t.is_alive()]
+
+    backend = make()
+    before = set(writers())  # other backends' threads (they end on their own after an idle while)
+    await write(backend, storage(), turn_batches(2))
+    assert set(writers()) - before  # durable steps ran on the backend's own writer
+    await backend.aclose()
+    assert not set(writers()) - before
+
+
 # -- discovery and layout -------------------------------------------------------------------------------------
 
 

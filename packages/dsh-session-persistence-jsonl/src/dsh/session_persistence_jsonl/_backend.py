@@ -1,9 +1,11 @@
 """``JsonlBackend``: one append-only ``.jsonl.zstd`` (or ``.jsonl``) transcript per session (spec/jsonl.md).
 
-Each primitive runs its blocking work in one worker thread (``anyio.to_thread.run_sync``), one durable step per
-call; mutating primitives are shielded so cancellation can never interrupt a write half-way (a cancelled caller
-waits for the step, then sees the cancellation). Reads call ``anyio.from_thread.check_cancelled`` between frames
-and directory reads, so a cancelled ``load`` or ``list`` stops at the next boundary.
+Each primitive runs its blocking work off the event loop in one call, one durable step per call. Mutating
+primitives run on the backend's long-lived writer (``BlockingWriter``: one session's steps in order on one lane,
+many sessions' steps sharing a wake), shielded so cancellation can never interrupt a write half-way (a cancelled
+caller waits for the step, then sees the cancellation). Reads run in a worker thread
+(``anyio.to_thread.run_sync``) and call ``anyio.from_thread.check_cancelled`` between frames and directory reads,
+so a cancelled ``load`` or ``list`` stops at the next boundary.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import builtins
 import os
 from collections.abc import Sequence
-from functools import partial
 from typing import ClassVar, TypeVar
 
 from dsh.session_persistence.backend import (
@@ -127,8 +128,7 @@ class JsonlBackend(JsonlReads):
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
-        work = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, ()))
-        await self._run_shielded(work, "materializing the session log")
+        await self._write(storage.meta.id, "materializing the session log", self._materialize_sync, storage, ())
 
     def _upgrade_sync(
         self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
@@ -177,13 +177,10 @@ class JsonlBackend(JsonlReads):
             return
         batch = list(events)
         if not is_materialized:
-            first = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, batch))
-            await self._run_shielded(first, "materializing the session log")
+            await self._write(storage.meta.id, "materializing the session log", self._materialize_sync, storage, batch)
             return
         path = self._path_for(storage.meta)
-
-        append = self._noting_unsynced(storage.meta.id, partial(self._append_sync, storage, path, batch))
-        await self._run_shielded(append, "appending to the session log")
+        await self._write(storage.meta.id, "appending to the session log", self._append_sync, storage, path, batch)
 
     def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
         """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""
@@ -233,7 +230,7 @@ class JsonlBackend(JsonlReads):
                 check_contiguous(storage.meta.id, found[0], batch)
                 append_durable(path, self._encode_batch(batch, self._seal_for(path)))
 
-        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "repairing the session log")
+        await self._write(storage.meta.id, "repairing the session log", work)
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         """Atomically replace the log with ``events`` (a contiguous prefix, possibly empty); header kept."""
@@ -250,7 +247,7 @@ class JsonlBackend(JsonlReads):
             replace_durable(path, data)
             self._declared.add(path)
 
-        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "rewriting the session log")
+        await self._write(storage.meta.id, "rewriting the session log", work)
 
     # --------------------------------------------------------------------------------------------------------
     # the operator's explicit step for a damaged final batch
@@ -290,7 +287,7 @@ class JsonlBackend(JsonlReads):
             finally:
                 lease.release_sync()
 
-        await self._run_shielded(work, "discarding the damaged final batch")
+        await self._write_plain(session_id, "discarding the damaged final batch", work)
 
     # --------------------------------------------------------------------------------------------------------
     # lifecycle (the work lives in _lifecycle)
@@ -345,7 +342,7 @@ class JsonlBackend(JsonlReads):
             self._ensure_preflight()
             delete_transcript(self.root, self.compression, session_id, expected_revision, _checkpoint)
 
-        await self._run_shielded(work, "deleting the session log")
+        await self._write_plain(session_id, "deleting the session log", work)
 
     async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
         """Atomically replace the transcript with the header and one declared batch, keeping its mtime.
@@ -362,7 +359,7 @@ class JsonlBackend(JsonlReads):
             compact_transcript(path, storage.meta.id, data, expected_revision)
             self._declared.add(path)
 
-        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "compacting the session log")
+        await self._write(storage.meta.id, "compacting the session log", work)
 
     async def writer_lease_holder(self, meta: SessionHeader) -> str | None:
         """Who holds the session's writer lease (``"pid 4242 on host-a"``), ``None`` when nobody does; reads the
@@ -379,8 +376,8 @@ class JsonlBackend(JsonlReads):
         """
         path = self._path_for(meta)
         session_dir = os.path.dirname(path)
-        lease = await self._run_shielded(
-            lambda: acquire_lease(self.root, session_dir, meta.id), "taking the writer lease"
+        lease = await self._write_plain(
+            meta.id, "taking the writer lease", acquire_lease, self.root, session_dir, meta.id
         )
         # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
         appender = HeldAppender()
@@ -395,8 +392,9 @@ class JsonlBackend(JsonlReads):
         return lease
 
     async def aclose(self) -> None:
-        """Close any kept append descriptor (normally closed already: each goes with its writer lease, which its
-        holder, the coordinator, releases)."""
+        """End the backend's writer threads once their queued steps are done, and close any kept append descriptor
+        (normally closed already: each goes with its writer lease, which its holder, the coordinator, releases)."""
+        await self._writer.aclose()
         for appender in list(self._appenders.values()):
             appender.close()
         self._appenders.clear()

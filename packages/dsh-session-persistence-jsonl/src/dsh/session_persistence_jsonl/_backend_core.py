@@ -1,12 +1,14 @@
-"""The JSONL backend's base: construction, the worker-thread runners, paths and encoding (no primitives)."""
+"""The JSONL backend's base: construction, the runners (reads on worker threads, durable steps on the backend's
+writer), paths and encoding (no primitives)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -54,12 +56,15 @@ from ._format.v1 import (
     walk_declared,
 )
 from ._format.v1_declarations import MAX_DECLARED_BYTES
+from ._writer import BlockingWriter
 from .encryption import KeyProvider
 
 __all__ = ["JsonlCore", "SessionLogExistsError"]
 
 _T = TypeVar("_T")
 RAW_FILENAME = "session.jsonl"
+#: Writer lanes per backend: one session's steps run in order on one lane, different sessions' syncs overlap.
+WRITER_LANES = 16
 
 
 class SessionLogExistsError(SessionAlreadyExistsError, FileExistsError):
@@ -80,7 +85,9 @@ def _transcript_path(root: str, cwd: str | None, session_id: str, compression: C
 
 
 def _checkpoint() -> None:
-    anyio.from_thread.check_cancelled()
+    # RuntimeError: not an anyio worker thread but the backend's writer, whose steps are shielded (nothing to see).
+    with contextlib.suppress(RuntimeError):
+        anyio.from_thread.check_cancelled()
 
 
 def _cwd_of(header: SessionHeader) -> str | None:
@@ -135,6 +142,8 @@ class JsonlCore:
         self._unsynced: dict[str, UnsyncedBytes | UnsyncedName] = {}
         # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
         self._appenders: dict[str, HeldAppender] = {}
+        # Every durable step runs here, keyed by session id: one session's steps in order, many share a wake.
+        self._writer = BlockingWriter(WRITER_LANES, name="dsh-jsonl-writer")
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -165,10 +174,33 @@ class JsonlCore:
         except MemoryError as exc:
             raise SessionStorageError(f"{action} failed: out of memory") from exc
 
-    async def _run_shielded(self, func: Callable[[], _T], action: str) -> _T:
-        with anyio.CancelScope(shield=True):
-            result = await self._run(func, action)
-        return result
+    async def _write(self, session_id: str, action: str, func: Callable[..., _T], *args: Any) -> _T:
+        """Run the durable step ``func(*args)`` of ``session_id`` on the backend's writer, shielded: it runs to its
+        end (a cancelled caller sees its cancellation afterwards); a write of the session whose sync failed is made
+        good first, and one this step leaves unsynced is remembered (see :meth:`_settle_unsynced`)."""
+        return await self._write_plain(session_id, action, self._durable_step, session_id, func, args)
+
+    async def _write_plain(self, session_id: str, action: str, func: Callable[..., _T], *args: Any) -> _T:
+        """:meth:`_write` without the unsynced bookkeeping (steps that store no session data: lease, delete)."""
+        try:
+            return await self._writer.run(session_id, func, *args)
+        except SessionPersistenceError:
+            raise
+        except OSError as exc:
+            raise SessionStorageError.from_os_error(action, exc) from exc
+        except MemoryError as exc:
+            raise SessionStorageError(f"{action} failed: out of memory") from exc
+
+    def _durable_step(self, session_id: str, func: Callable[..., _T], args: tuple[Any, ...]) -> _T:
+        """On the writer: :meth:`_write`'s step between the settlement of an earlier unsynced write and the
+        record of one this step leaves."""
+        if self._unsynced:
+            self._settle_unsynced(session_id)
+        try:
+            return func(*args)
+        except UnsyncedError as exc:
+            self._unsynced[session_id] = exc.pending
+            raise
 
     def _settle_unsynced(self, session_id: str) -> None:
         """Make good a write of ``session_id`` whose sync failed (write its bytes again and sync, or sync its
@@ -187,19 +219,6 @@ class JsonlCore:
                 path=where,
             ) from exc
         self._unsynced.pop(session_id, None)
-
-    def _noting_unsynced(self, session_id: str, func: Callable[[], _T]) -> Callable[[], _T]:
-        """``func``, remembering a write of ``session_id`` it leaves unsynced (see :meth:`_settle_unsynced`)."""
-
-        def run() -> _T:
-            self._settle_unsynced(session_id)
-            try:
-                return func()
-            except UnsyncedError as exc:
-                self._unsynced[session_id] = exc.pending
-                raise
-
-        return run
 
     def _ensure_preflight(self) -> None:
         # Memoized on success only: a failed preflight is re-checked on the next call, so fixing the root
