@@ -1,29 +1,65 @@
 """The coordinator's durable writes: each mutating primitive runs shielded, under the session's writer lease,
-after any earlier in-doubt write is settled, and a failure that may have reached storage is read back
-(see :mod:`._in_doubt`) instead of being retried blindly.
+after any earlier in-doubt write is settled; a failure that may have reached storage is read back instead of
+being retried blindly.
+
+A mutating primitive (``append_batch``, ``materialize_header``, ``commit_repair``, ``rewrite``) that fails with
+anything but an explicit refusal may still have reached storage: the rollback after a failed fsync failed too,
+the directory fsync after publishing the file failed, the connection was lost after ``COMMIT``. Such a write is
+*in doubt*. Before anything else is written for the session, the coordinator reads the stored log back:
+
+* it holds exactly the write (byte-identical events at the expected seqs, the same header and cut): the write
+  is acknowledged, as if the primitive had returned;
+* it holds none of it: nothing happened, and the write may be retried;
+* it holds a part of an append (a torn tail is cut first, as repair would): the stored part is acknowledged
+  and the rest may be retried;
+* anything else (fewer events than were acknowledged, events this writer did not write, another header) is a
+  :class:`SessionPersistenceCorruptionError`, and the session stays in doubt so nothing is written on top;
+* the read itself fails: :class:`SessionWriteInDoubtError`, and the session stays in doubt: the next write
+  reads back first.
+
+Never a blind re-append, and never a session wedged on its own committed write.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import anyio
 
 from .._backends.protocol import StorageMetadata
 from .._model.errors import (
     IncompleteInheritedPrefixError,
+    SessionPersistenceCorruptionError,
     SessionPersistenceError,
+    SessionStorageError,
     SessionWriteInDoubtError,
     UnsupportedOperationError,
 )
 from .._model.events import SessionEvent
 from .._wire.contiguity import check_contiguous
-from .._wire.stored_log import same_events
-from .in_doubt import Verdict, is_refusal, settle, storage_error
+from .._wire.stored_log import same_events, same_header, validate_stored
 from .state import CoordinatorCore, PendingWrite, SessionState
 
-__all__ = ["append_settled", "append", "ensure_lease", "materialize", "repair", "rewrite", "settle_doubt"]
+if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = [
+    "Verdict",
+    "append",
+    "append_settled",
+    "ensure_lease",
+    "is_refusal",
+    "materialize",
+    "repair",
+    "rewrite",
+    "settle",
+    "settle_doubt",
+    "storage_error",
+]
 
 _logger = logging.getLogger("dsh.session_persistence")
 
@@ -61,9 +97,11 @@ async def _run(
     session_id: str,
     state: SessionState,
     pending: PendingWrite,
-    primitive: Callable[[], Awaitable[None]],
+    primitive: Callable[..., Awaitable[None]],
+    *args: Any,
 ) -> None:
-    """Run one durable write in the coordinator's task group and wait for it; a cancelled caller leaves at once.
+    """Run one durable write, ``primitive(*args)``, in the coordinator's task group and wait for it; a cancelled
+    caller leaves at once.
 
     The write itself is never cancelled (it runs shielded, to its end, bounded by the backend's own timeouts):
     only the caller's wait is. The session's next write waits for it (:func:`settle_doubt`), and a batch it
@@ -71,7 +109,7 @@ async def _run(
     """
     spawn = core.spawn
     if spawn is None:  # not running in a task group (a coordinator driven directly): the caller waits
-        await _run_to_end(core, session_id, state, pending, primitive)
+        await _run_to_end(core, session_id, state, pending, primitive, args)
         return
     done = anyio.Event()
     caller = {"left": False, "completed": False}
@@ -79,7 +117,7 @@ async def _run(
 
     async def job() -> None:
         try:
-            await _run_to_end(core, session_id, state, pending, primitive)
+            await _run_to_end(core, session_id, state, pending, primitive, args)
             caller["completed"] = True
             if caller["left"] and not pending.replaced:
                 state.settled = pending.events  # the caller never heard: its unchanged retry is acknowledged
@@ -119,12 +157,13 @@ async def _run_to_end(
     session_id: str,
     state: SessionState,
     pending: PendingWrite,
-    primitive: Callable[[], Awaitable[None]],
+    primitive: Callable[..., Awaitable[None]],
+    args: tuple[Any, ...],
 ) -> None:
     """Run one mutating primitive shielded; on success record its effect, on failure settle it by reading back."""
     with anyio.CancelScope(shield=True):
         try:
-            await primitive()
+            await primitive(*args)
         except Exception as exc:
             if is_refusal(exc):
                 raise
@@ -174,9 +213,9 @@ async def append_settled(
         )
     await ensure_lease(core, session_id, state)
     events = tuple(batch)
-    storage, materialized = state.storage, state.materialized
+    materialized = state.materialized
     pending = PendingWrite("append", cursor, events, not materialized)
-    await _run(core, session_id, state, pending, lambda: core.backend.append_batch(storage, events, materialized))
+    await _run(core, session_id, state, pending, core.backend.append_batch, state.storage, events, materialized)
 
 
 async def materialize(core: CoordinatorCore, session_id: str, state: SessionState) -> None:
@@ -188,9 +227,8 @@ async def materialize(core: CoordinatorCore, session_id: str, state: SessionStat
     if state.materialized:
         return
     await ensure_lease(core, session_id, state)
-    storage = state.storage
     pending = PendingWrite("header materialization", 0, (), True)
-    await _run(core, session_id, state, pending, lambda: materialize_header(storage))
+    await _run(core, session_id, state, pending, materialize_header, state.storage)
 
 
 async def rewrite(
@@ -215,10 +253,9 @@ async def rewrite(
                 f'session "{session_id}" changed in storage since this writer wrote it ({found}, expected '
                 f"{len(expected)}); refusing to rewrite it"
             )
-    storage = state.storage
     new = tuple(events)
     pending = PendingWrite("rewrite", len(expected), new, False, replaced=True)
-    await _run(core, session_id, state, pending, lambda: rewrite_primitive(storage, new))
+    await _run(core, session_id, state, pending, rewrite_primitive, state.storage, new)
 
 
 async def repair(
@@ -250,3 +287,138 @@ async def repair(
             )
             if not done:
                 raise storage_error(core.name, "crash repair", session_id, exc) from exc
+
+
+# ------------------------------------------------------------------------------------------------------------
+# settling a write whose outcome is unknown (the module doc): read the stored log back
+
+
+#: Read-backs per settlement: a torn tail found by one is cut, and the next one decides.
+MAX_SETTLE_ROUNDS = 3
+
+
+class Verdict(enum.Enum):
+    """What a read-back found of an in-doubt write."""
+
+    ACKNOWLEDGED = "acknowledged"
+    ABSENT = "absent"
+    PARTIAL = "partial"
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether a primitive refused before writing (a persistence error other than a storage failure, or bad
+    input): nothing reached storage, so there is nothing to read back."""
+    if isinstance(exc, SessionStorageError):
+        return False
+    return isinstance(exc, (SessionPersistenceError, TypeError, ValueError))
+
+
+def _first_os_error(exc: BaseException) -> OSError | None:
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_os_error(inner)
+            if found is not None:
+                return found
+    cause = exc.__cause__
+    return _first_os_error(cause) if cause is not None and cause is not exc else None
+
+
+def storage_error(name: str, action: str, session_id: str, exc: BaseException, note: str = "") -> SessionStorageError:
+    """``exc`` as a :class:`SessionStorageError` (errno and path of the first ``OSError`` in it kept, ``exc``
+    chained); a storage error is returned unchanged when there is nothing to add."""
+    if isinstance(exc, SessionStorageError) and not note:
+        return exc
+    os_error = _first_os_error(exc)
+    path = None if os_error is None or os_error.filename is None else str(os_error.filename)
+    error = SessionStorageError(
+        f'{name}: {action} for session "{session_id}" failed: {exc}{note}',
+        errno=None if os_error is None else os_error.errno,
+        path=path,
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _fail(session_id: str, pending: PendingWrite, what: str) -> SessionPersistenceCorruptionError:
+    return SessionPersistenceCorruptionError(
+        f'session "{session_id}": a failed {pending.action} left storage in a state this writer did not produce '
+        f"({what}); nothing more is written to it"
+    )
+
+
+async def settle(core: CoordinatorCore, session_id: str, state: SessionState, pending: PendingWrite) -> Verdict:
+    """Read the stored log back, decide what ``pending`` left there and update ``state`` to match.
+
+    Runs serialized and shielded (the caller's write is shielded). Raises as described in the module doc.
+    """
+    state.doubt = pending
+    for _ in range(MAX_SETTLE_ROUNDS):
+        try:
+            stored = await core.backend.load_stored(session_id)
+        except Exception as exc:
+            raise SessionWriteInDoubtError(
+                f'session "{session_id}": the outcome of a failed {pending.action} is unknown, and reading it back '
+                f"failed ({exc}); the next write reads back again first"
+            ) from exc
+        if stored is None:
+            if pending.materializing:
+                state.doubt = None
+                return Verdict.ABSENT
+            raise _fail(session_id, pending, "its stored log is gone")
+        if not same_header(stored.meta, state.storage.meta, any_version=True) or (
+            stored.inherited_event_count != state.storage.inherited_event_count
+        ):
+            raise _fail(session_id, pending, "the stored header or inherited cut differs from the one written")
+        try:
+            validate_stored(session_id, stored.meta, stored.inherited_event_count, stored.events, None, whole=False)
+        except SessionPersistenceError as exc:
+            raise _fail(session_id, pending, str(exc)) from exc
+        events = stored.events
+        verdict = _compare(session_id, pending, events)
+        if stored.torn_marker is not None:
+            # A part of the write that never completed: cut it (it was never acknowledged), then look again.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await core.backend.commit_repair(state.storage, stored.torn_marker, [])
+                except Exception as exc:
+                    raise SessionWriteInDoubtError(
+                        f'session "{session_id}": a failed {pending.action} left a torn tail that could not be cut '
+                        f"({exc}); the next write reads back again first"
+                    ) from exc
+            continue
+        _apply(state, pending, verdict, len(events))
+        return verdict
+    raise SessionWriteInDoubtError(
+        f'session "{session_id}": the outcome of a failed {pending.action} could not be settled in '
+        f"{MAX_SETTLE_ROUNDS} read-backs; the next write reads back again first"
+    )
+
+
+def _compare(session_id: str, pending: PendingWrite, events: Sequence[SessionEvent]) -> Verdict:
+    if pending.replaced:
+        # A rewrite replaced ``start`` events by a prefix of them (a truncation): the old log or the new one.
+        new = pending.events
+        if len(events) == len(new) and same_events(events, new):
+            return Verdict.ACKNOWLEDGED
+        if len(events) == pending.start and same_events(events[: len(new)], new):
+            return Verdict.ABSENT
+        raise _fail(session_id, pending, f"{len(events)} stored event(s), neither the old log nor the new one")
+    if len(events) < pending.start:
+        raise _fail(session_id, pending, f"{len(events)} stored event(s), fewer than the {pending.start} acknowledged")
+    tail = events[pending.start :]
+    if len(tail) > len(pending.events) or not same_events(tail, pending.events[: len(tail)]):
+        raise _fail(session_id, pending, f"events this writer did not write from seq {pending.start}")
+    if len(tail) == len(pending.events):
+        return Verdict.ACKNOWLEDGED
+    return Verdict.ABSENT if not tail else Verdict.PARTIAL
+
+
+def _apply(state: SessionState, pending: PendingWrite, verdict: Verdict, stored_length: int) -> None:
+    state.doubt = None
+    if verdict is Verdict.ACKNOWLEDGED:
+        state.settled = pending.events
+    state.cursor = stored_length
+    # Whatever the verdict, an artifact with our header exists now (an absent first write returned above).
+    state.materialized = True

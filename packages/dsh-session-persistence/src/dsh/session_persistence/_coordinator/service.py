@@ -4,9 +4,9 @@ A backend implements durable primitives only; the coordinator owns what every ba
 wrong. It is a façade over parts of this wing, each written against the one core object (:mod:`.state`):
 :mod:`.fifo` (one storage operation per id at a time, in call order), :mod:`.cold_path` (cold reads, crash repair
 with a revision check), :mod:`.live_path` (live Sessions: initialization, the write-behind window of
-:mod:`.write_behind`, the flush), :mod:`.retirement` (disposal and the quiescent teardown), :mod:`.durable` and
-:mod:`.in_doubt` (every mutating primitive, shielded, under the writer lease of :mod:`.leases`, a failed write
-settled by reading back), :mod:`.lifecycle` (listing, deletion, retention, compaction), :mod:`.hooks` (the host
+:mod:`.write_behind`, the flush), :mod:`.retirement` (disposal and the quiescent teardown), :mod:`.durable`
+(every mutating primitive, shielded, under the writer lease of :mod:`.leases`, a failed write settled by reading
+back), :mod:`.lifecycle` (listing, deletion, retention, compaction), :mod:`.hooks` (the host
 plugin) and :mod:`.inputs` (caller input, checked and snapshotted).
 
 It plugs into the :class:`~dsh.session_persistence.Host` through the four session lifecycle hooks, which it
