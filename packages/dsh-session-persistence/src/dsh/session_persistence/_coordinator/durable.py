@@ -99,6 +99,7 @@ async def _run(
     pending: PendingWrite,
     primitive: Callable[..., Awaitable[None]],
     *args: Any,
+    own_task: bool = False,
 ) -> None:
     """Run one durable write, ``primitive(*args)``, in the coordinator's task group and wait for it; a cancelled
     caller leaves at once.
@@ -106,9 +107,12 @@ async def _run(
     The write itself is never cancelled (it runs shielded, to its end, bounded by the backend's own timeouts):
     only the caller's wait is. The session's next write waits for it (:func:`settle_doubt`), and a batch it
     stored after its caller left is acknowledged when that caller retries it unchanged.
+
+    ``own_task``: the caller is a task of the coordinator's own (the write-behind controller's write): nobody
+    waits on it who could leave, so the write runs right there, without a task of its own.
     """
     spawn = core.spawn
-    if spawn is None:  # not running in a task group (a coordinator driven directly): the caller waits
+    if spawn is None or own_task:  # a coordinator driven directly, or its own task: the caller waits
         await _run_to_end(core, session_id, state, pending, primitive, args)
         return
     done = anyio.Event()
@@ -198,10 +202,16 @@ async def append(core: CoordinatorCore, session_id: str, state: SessionState, ba
 
 
 async def append_settled(
-    core: CoordinatorCore, session_id: str, state: SessionState, batch: Sequence[SessionEvent]
+    core: CoordinatorCore,
+    session_id: str,
+    state: SessionState,
+    batch: Sequence[SessionEvent],
+    *,
+    own_task: bool = False,
 ) -> None:
     """:func:`append` for a caller that has just settled the id's in-doubt write itself (settlement runs once
-    per write): contiguity, the inherited-prefix gate, the lease, then one durable ``append_batch``."""
+    per write): contiguity, the inherited-prefix gate, the lease, then one durable ``append_batch``
+    (``own_task``: see :func:`_run`)."""
     cursor = state.cursor
     settled = state.settled
     if settled and batch and batch[0].seq == cursor - len(settled) and same_events(batch, settled):
@@ -215,7 +225,17 @@ async def append_settled(
     events = tuple(batch)
     materialized = state.materialized
     pending = PendingWrite("append", cursor, events, not materialized)
-    await _run(core, session_id, state, pending, core.backend.append_batch, state.storage, events, materialized)
+    await _run(
+        core,
+        session_id,
+        state,
+        pending,
+        core.backend.append_batch,
+        state.storage,
+        events,
+        materialized,
+        own_task=own_task,
+    )
 
 
 async def materialize(core: CoordinatorCore, session_id: str, state: SessionState) -> None:

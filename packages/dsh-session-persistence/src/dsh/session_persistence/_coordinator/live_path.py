@@ -248,7 +248,11 @@ class LivePath:
     # -- writes and flush -----------------------------------------------------------------------------------
 
     async def write_live(self, session: Session, batch: builtins.list[SessionEvent]) -> None:
-        """The write-behind sink: settle any in-doubt write, skip what is stored, then append. Serialized."""
+        """The write-behind sink: settle any in-doubt write, skip what is stored, then append. Serialized.
+
+        Called only from the controller's writes, tasks of the coordinator's own (a flush caller waits on the
+        barrier, never here), so the durable write runs in this task.
+        """
         core = self.core
         session_id = session.id
         state = core.states.get(session_id)
@@ -259,7 +263,7 @@ class LivePath:
         await settle_doubt(core, session_id, state)  # first: a settled write may already hold part of the batch
         fresh = [event for event in batch if event.seq >= state.cursor]
         if fresh:
-            await append_settled(core, session_id, state, fresh)
+            await append_settled(core, session_id, state, fresh, own_task=True)
 
     async def flush(self, session: Session) -> None:
         """Coordinator flush: initialization first, then the controller's quiescence barrier."""
