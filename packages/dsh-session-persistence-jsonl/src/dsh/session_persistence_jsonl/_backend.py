@@ -101,8 +101,9 @@ class JsonlBackend(JsonlReads):
         except FileExistsError as exc:
             raise _exists_error(refusal, path) from exc
         self._declared.add(path)
-        self._remember_seal(path, seal)
-        self._next_seqs.remember(path, os.stat(path), len(events))
+        st = os.stat(path)
+        self._remember_seal(path, st, seal)
+        self._next_seqs.remember(path, st, len(events))
 
     def _next_seq_sync(self, path: str, session_id: str) -> tuple[int, os.stat_result] | None:
         """The next seq of the v1 transcript at ``path`` (remembered, or decoded once) and its current stat;
@@ -191,7 +192,7 @@ class JsonlBackend(JsonlReads):
             return
         next_seq, st = found
         check_contiguous(storage.meta.id, next_seq, batch)
-        data = self._encode_batch(batch, self._seal_for(path))
+        data = self._encode_batch(batch, self._seal_for(path, st))
         self._next_seqs.forget(path)
         appender = self._appenders.get(path)
         if appender is None:

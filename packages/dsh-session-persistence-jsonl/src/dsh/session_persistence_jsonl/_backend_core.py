@@ -295,12 +295,19 @@ class JsonlCore:
         data = encode_declared_header(self.compression, line)
         return data + (self._encode_batch(events, seal) if events else b""), seal
 
-    def _remember_seal(self, path: str, seal: BatchSeal | None) -> None:
-        st = os.stat(path)
+    def _remember_seal(self, path: str, st: os.stat_result, seal: BatchSeal | None) -> None:
         self._seals[path] = ((st.st_dev, st.st_ino), seal)
 
-    def _seal_for(self, path: str) -> BatchSeal | None:
-        """The seal of the declared transcript at ``path`` (``None``: plaintext), from its header pair."""
+    def _seal_for(self, path: str, st: os.stat_result | None = None) -> BatchSeal | None:
+        """The seal of the declared transcript at ``path`` (``None``: plaintext), from its header pair.
+
+        ``st``: the path's stat the caller has just taken; the seal remembered for that very file is used without
+        opening it (an append takes that stat anyway, for its seq check).
+        """
+        if st is not None:
+            known = self._seals.get(path)
+            if known is not None and known[0] == (st.st_dev, st.st_ino):
+                return known[1]
         fd = open_read(path)
         try:
             st = os.fstat(fd)

@@ -459,5 +459,9 @@ def append_held(fd: int, path: str, before: int, data: bytes) -> None:
     """:func:`append_durable` on a descriptor the caller keeps open (from :func:`open_append`), whose file is
     ``before`` bytes long: append + fsync; on failure ``ftruncate`` the same descriptor back to ``before``
     (so the rollback cannot hit another file at that path), and if that fails too the batch is in doubt."""
-    with _naming(path):
+    try:
         _append_held(fd, path, before, data)
+    except OSError as exc:  # as _naming does, without a context manager per durable batch
+        if exc.filename is None:
+            exc.filename = path
+        raise
