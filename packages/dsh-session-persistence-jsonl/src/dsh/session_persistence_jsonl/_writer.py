@@ -220,8 +220,13 @@ class BlockingWriter:
         lanes = self._lanes
         job = _Job(func, args, _current_mailbox())
         lanes[hash(key) % len(lanes) if len(lanes) > 1 else 0].submit(job)
-        with anyio.CancelScope(shield=True):
+        try:
             await job.done.wait()
+        except anyio.get_cancelled_exc_class():
+            # Shielded only once cancelled (a cancel scope per step costs more than the wait itself).
+            with anyio.CancelScope(shield=True):
+                await job.done.wait()
+            raise
         error = job.error
         if error is not None:
             job.error = None  # no cycle through the traceback
