@@ -261,7 +261,9 @@ class LivePath:
                 f'session "{session_id}" is already bound to a different live session in this backend (id collision)'
             )
         await settle_doubt(core, session_id, state)  # first: a settled write may already hold part of the batch
-        fresh = [event for event in batch if event.seq >= state.cursor]
+        cursor = state.cursor
+        # Usually nothing of the batch is stored yet: one comparison, not one per event.
+        fresh = batch if batch and batch[0].seq >= cursor else [event for event in batch if event.seq >= cursor]
         if fresh:
             await append_settled(core, session_id, state, fresh, own_task=True)
 
