@@ -18,10 +18,15 @@ class CountingBackend(MemoryBackend):
     def __init__(self) -> None:
         super().__init__()
         self.loads: list[str] = []
+        self.revisions: list[str] = []
 
     async def load_stored(self, session_id: str) -> StoredPrefix | None:
         self.loads.append(session_id)
         return await super().load_stored(session_id)
+
+    async def read_stored_revision(self, session_id: str) -> str | None:
+        self.revisions.append(session_id)
+        return await super().read_stored_revision(session_id)
 
 
 async def _stored(backend: MemoryBackend, session_id: str, events: list) -> None:  # type: ignore[type-arg]
@@ -105,3 +110,19 @@ async def test_a_preview_of_an_absent_session_caches_nothing() -> None:
         with pytest.raises(Exception, match="not found"):
             await coordinator.inspect("absent")
         assert len(coordinator._core.preparations) == 0
+
+
+async def test_a_cold_load_is_one_read_and_a_reused_preview_one_revision_read() -> None:
+    backend = CountingBackend()
+    await _stored(backend, "s", one_turn_log())
+    async with PersistenceCoordinator(Host(), backend) as coordinator:
+        backend.loads.clear()
+        backend.revisions.clear()
+        await coordinator.load("s")
+        assert (backend.loads, backend.revisions) == (["s"], [])  # the read carries its revision
+    async with PersistenceCoordinator(Host(), backend) as coordinator:
+        await coordinator.inspect("s")
+        backend.loads.clear()
+        backend.revisions.clear()
+        await coordinator.load("s")
+        assert (backend.loads, backend.revisions) == ([], ["s"])  # the cached read, validated once

@@ -2,9 +2,10 @@
 
 ``prepare`` reads and validates the stored log and computes the closers of an interrupted turn (no write).
 ``cold_commit`` is what ``load`` and a storage-only ``append`` do: it takes the writer lease when it must write
-(repair, or the caller is about to append), re-reads under it, checks the revision so an old view is never
-paired with a newer log, commits repair if needed, re-reads what storage then holds, and records ownerless
-state for the id. ``read_from`` is the storage-only suffix read: no closers, no repair, no lease.
+(repair, or the caller is about to append), re-reads under it (a read made before the lease is never paired with
+the log it guards), commits repair if needed, re-reads what storage then holds, and records ownerless state for
+the id. A cold load that needs no repair is one backend read (one worker call), or one revision read when a
+preview's read is reused. ``read_from`` is the storage-only suffix read: no closers, no repair, no lease.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ async def cold_commit(core: CoordinatorCore, session_id: str, *, for_write: bool
         if (needs_repair or for_write) and not core.leases.holds(session_id):
             await core.leases.acquire(stored.meta)
             continue  # re-read under the lease: the view read before it may already be stale
-        if await core.backend.read_stored_revision(session_id) != stored.revision:
-            continue  # an external writer moved the log: never pair the old view with a new revision
+        # No second look at the revision here: ``prepare`` has just read it (with the log, or to validate a cached
+        # read) in this very attempt, with nothing awaited since, and a write below happens under the lease.
         storage = StorageMetadata(stored.meta, stored.inherited_event_count)
         if needs_repair:
             await repair(core, session_id, storage, stored.torn_marker, prepared.closers)
