@@ -161,6 +161,10 @@ def test_re_encrypt_needs_keys_and_rotates_a_session_to_the_current_key(sealed_r
     assert code == 0 and MARKER in out, err
     code, _out, err = cli("--root", root, "--key-env", "KEYS_NEW_ONLY", "show", "open")
     assert code == 7 and 'key "k1"' in err
+    # Before the old key is dropped: verify with the new key alone names every session that still needs the old.
+    code, out, _err = cli("--root", root, "--key-env", "KEYS_NEW_ONLY", "verify")
+    assert code == 7 and "1 ok" in out and "1 no_key" in out, out
+    assert [line.split()[2] for line in out.splitlines() if line.startswith("NO KEY")] == ["open:"]
     code, _out, err = cli("--root", root, "--key-env", "KEYS_ROTATED", "re-encrypt", "open")
     assert code == 1 and "repair" in err  # an interrupted session is repaired first, as for compact
     assert no_marker_at_rest(sealed_root)
