@@ -129,7 +129,7 @@ def _torture(tmp_path: Path, kills: int, *extra: str) -> subprocess.CompletedPro
         [*tool, "--kills", str(kills), "--seed", "7", "--root", str(tmp_path), *extra],
         capture_output=True,
         text=True,
-        timeout=3600 if LONG else 110,
+        timeout=3600 if LONG else 300,  # a safety net for a hung child, never a timing check
         check=False,
     )
 
@@ -149,7 +149,7 @@ def _check_torture(proc: subprocess.CompletedProcess[str], kills: int) -> None:
 
 
 def test_crash_torture_tool_quick(tmp_path: Path) -> None:
-    kills = 1000 if LONG else 24
+    kills = 1000 if LONG else 8  # CI: the tool runs end to end; the long mode is the torture
     _check_torture(_torture(tmp_path, kills), kills)
 
 
