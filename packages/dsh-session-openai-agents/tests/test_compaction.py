@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, Runner
+from agents import Agent, RunConfig, Runner, function_tool
 from agents.memory import OpenAIResponsesCompactionSession
-from agents.testing import ScriptedModel, assistant_message
+from agents.testing import ScriptedModel, assistant_message, function_call
 from dsh.session_openai_agents import COMPACTION_EVENT, POP_EVENT, DshSession, DshSessionClosedError, DurableRunHooks
 from dsh.session_persistence import SessionPersistenceCorruptionError, open_sessions
-from dsh.session_persistence.events import OpaqueEvent, UserMessage
+from dsh.session_persistence.events import OpaqueEvent, ToolCall, UserMessage
 
 pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::dsh.session_openai_agents.NotDurableWarning")]
 
@@ -74,10 +74,10 @@ async def test_automatic_compaction_under_a_session_limit_replaces_the_suffix_du
         await session.add_items(list(HISTORY))
         compaction = OpenAIResponsesCompactionSession(
             "s",
-            session,
+            session,  # type: ignore[arg-type]
             client=client,
             compaction_mode="input",
-            should_trigger_compaction=lambda _: True,  # type: ignore[arg-type]
+            should_trigger_compaction=lambda _: True,
         )
         agent = Agent(name="worker", model=ScriptedModel([[reply]]))
         config = RunConfig(session_settings={"limit": 1})
@@ -194,3 +194,45 @@ async def test_a_malformed_compaction_record_is_a_typed_error_and_closed_session
             await session._atomic_replace_items([SUMMARY])
         with pytest.raises(DshSessionClosedError):
             await session._get_compaction_snapshot(1)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_compaction_after_a_tool_turn_with_the_hooks_keeps_the_next_run_whole(tmp_path: Path) -> None:
+    # The hooks record the model's function call early (deduplicated when the SDK saves it); the compaction after
+    # the turn replaces the whole tool group, and the next run appends after the summary, nothing duplicated.
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    root = tmp_path / "sessions"
+    client = FakeClient([SUMMARY])
+    model = ScriptedModel(
+        [[function_call("add", {"a": 2, "b": 3}, call_id="c1")], [assistant_message("5")], [assistant_message("ok")]]
+    )
+    agent = Agent(name="calc", model=model, tools=[add])
+    async with open_sessions(root) as sessions, DshSession(sessions, "s") as session:
+        compaction = OpenAIResponsesCompactionSession(
+            "s",
+            session,  # type: ignore[arg-type]
+            client=client,
+            compaction_mode="input",
+            should_trigger_compaction=lambda _: True,
+        )
+        await Runner.run(agent, "2 + 3?", session=compaction, hooks=DurableRunHooks(session))
+        assert len(client.responses.calls) == 1
+        assert [i.get("type") for i in client.responses.calls[0]["input"]] == [
+            None,  # the run's input: {"role": "user", "content": ...}
+            "function_call",
+            "function_call_output",
+            "message",
+        ]
+        assert await session.get_items() == [SUMMARY]
+        client.responses.output = []  # the second compaction would drop everything: keep it from running
+        compaction.should_trigger_compaction = lambda _: False
+        await Runner.run(agent, "thanks", session=compaction, hooks=DurableRunHooks(session))
+        assert model.last_call is not None and model.last_call.input[0] == SUMMARY
+    async with open_sessions(root) as sessions, DshSession(sessions, "s") as session:
+        items = await session.get_items()
+        assert items[0] == SUMMARY and items[1] == user("thanks") and len(items) == 3
+        assert [e.data.call_id for e in sessions.store.get("s").events if type(e) is ToolCall] == ["c1"]  # type: ignore[union-attr]
