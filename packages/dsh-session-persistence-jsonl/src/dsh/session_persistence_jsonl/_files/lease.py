@@ -255,13 +255,23 @@ def _take_anchor(dir_fd: int, dir_st: os.stat_result) -> None:
         _own_anchors[_ident(dir_st)] += 1
 
 
+def _uncount(dir_st: os.stat_result) -> None:
+    key = _ident(dir_st)
+    _own_anchors[key] -= 1
+    if _own_anchors[key] <= 0:
+        del _own_anchors[key]
+
+
+def _forget_anchor(dir_st: os.stat_result) -> None:
+    with _own_lock:
+        _uncount(dir_st)
+
+
 def _drop_anchor(dir_fd: int) -> None:
+    # Uncounted and unlocked in one step, as the probe sees it.
     with _own_lock:
         try:
-            key = _ident(os.fstat(dir_fd))
-            _own_anchors[key] -= 1
-            if _own_anchors[key] <= 0:
-                del _own_anchors[key]
+            _uncount(os.fstat(dir_fd))
         finally:
             os.close(dir_fd)
 
@@ -359,10 +369,15 @@ def _acquire_guarded(dir_fd: int, session_dir: str, path: str, session_id: str) 
         try:
             if anchored:
                 _take_anchor(dir_fd, dir_st)
+            try:
+                holder = _write_holder(fd, path)
+            except BaseException:  # not an OSError (those are only logged): interrupted, give everything back
+                if anchored:
+                    _forget_anchor(dir_st)  # the lock itself goes with the descriptor, which the caller closes
+                raise
         except BaseException:
             os.close(fd)
             raise
-        holder = _write_holder(fd, path)
         return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None)
 
 
