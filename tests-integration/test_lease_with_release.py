@@ -19,12 +19,14 @@ from pathlib import Path
 
 import anyio
 import pytest
+from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
 from dsh.session_persistence.backend import SessionLockedError
-from dsh.session_persistence.testing import meta
+from dsh.session_persistence.testing import meta, simple_turn
 from dsh.session_persistence_jsonl import JsonlBackend
 from test_release_reads_new_logs import release  # noqa: F401 - the release worktree fixture, by name below
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the anchor and the probe need Linux")
+anyio_test = pytest.mark.anyio
 
 SESSION_ID = "shared"
 #: Far above a refusal's few milliseconds (and a loaded machine's start-up); no timing is asserted below it.
@@ -115,5 +117,53 @@ def test_a_release_writer_and_this_tree_refuse_each_other_and_never_wait(
         again = anyio.run(this_tree.acquire_writer_lease, header, backend="trio")
         assert anyio.run(this_tree.writer_lease_holder, header, backend="asyncio") is None  # its own lease
         anyio.run(again.release, backend="asyncio")
+    finally:
+        writer.close()
+
+
+@anyio_test
+async def test_a_deleted_lock_file_is_put_back_before_the_next_write(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A release writer sees only ``session.lock``. Deleted under this tree's live session, the file is locked
+    again before this tree's next write, so the release is refused again; if the release takes the path before
+    that write, the write is refused (typed) rather than two writers writing."""
+    worktree: Path = request.getfixturevalue("release")
+    root = tmp_path / "root"
+    host = Host()
+    store = SessionStore(host)
+    lock = Path(JsonlBackend(root).locate(meta(SESSION_ID, "/w")).path).parent / "session.lock"
+    writer = ReleaseWriter(worktree, root)
+    try:
+        async with PersistenceCoordinator(host, JsonlBackend(root)):
+            session = store.create(SESSION_ID, meta=meta(SESSION_ID, "/w"))
+            for turn in (1, 2):
+                if turn == 2:
+                    lock.unlink()
+                for e in simple_turn(len(session.events), turn):
+                    session.append_event(e)
+                await store.flush(session)
+            # Put back by the second flush: the release is refused, naming this process.
+            assert (await anyio.to_thread.run_sync(writer.step, "try")).startswith(f"refused pid {os.getpid()}")
+            for e in simple_turn(len(session.events), 3):
+                session.append_event(e)
+            await store.flush(session)
+            lock.unlink()
+            # The release gets in before this tree's next write: that write is refused, nothing is written.
+            assert await anyio.to_thread.run_sync(writer.step, "try") == "holding"
+            stored = await JsonlBackend(root).load_stored(SESSION_ID)  # the file itself, not the live view
+            assert stored is not None and len(stored.events) == 9
+            for e in simple_turn(len(session.events), 4):
+                session.append_event(e)
+            with pytest.raises(SessionLockedError):
+                await store.flush(session)
+            after = await JsonlBackend(root).load_stored(SESSION_ID)
+            assert after is not None and after.events == stored.events
+            # Once the release lets go, the retained write goes through under the lease this tree still holds.
+            assert await anyio.to_thread.run_sync(writer.step, "release") == "released"
+            await store.flush(session)
+            store.dispose(session)
+        final = await JsonlBackend(root).load_stored(SESSION_ID)
+        assert final is not None and len(final.events) == 12
     finally:
         writer.close()

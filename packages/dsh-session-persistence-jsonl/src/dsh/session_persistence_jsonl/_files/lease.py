@@ -21,8 +21,11 @@ writers take the same way, held for a few system calls only):
   The holder writes its pid and host name into the file so that a refused writer can name it; that text is
   informative only (the locks, not the text, decide), so failing to write it never fails the lease.
 
-What remains: while ``session.lock`` is deleted, a *0.2* writer (which looks only at that file) can still get
-in; stop 0.2 writers before anyone touches lock files.
+A *0.2* writer looks only at ``session.lock``, so while that file is deleted or replaced one can still get in.
+The holder narrows that to the moment between the deletion and its own next write: before every write it checks
+(one ``fstat``) that its lock file still has a name, and if not it locks a fresh one under the guard
+(:meth:`JsonlWriterLease.keep`); if a 0.2 writer locked the path first, the write is refused with
+``SessionLockedError`` instead of two writers writing. Stop 0.2 writers before anyone touches lock files.
 
 Blocking code for a worker thread.
 """
@@ -204,9 +207,10 @@ def _await_holder(fd: int) -> str | None:
 class JsonlWriterLease:
     """A held JSONL writer lease: the locked descriptors, closed (and so unlocked) by :meth:`release`."""
 
-    def __init__(self, fd: int, path: str, holder: str, anchor: int | None = None) -> None:
+    def __init__(self, fd: int, path: str, holder: str, anchor: int | None = None, session_id: str = "") -> None:
         self._fd: int | None = fd
         self._anchor = anchor
+        self._session_id = session_id
         self._lock = threading.Lock()
         self.path = path
         self._holder = holder
@@ -233,6 +237,20 @@ class JsonlWriterLease:
             os.close(fd)
         if anchor is not None:
             _drop_anchor(anchor)
+
+    def keep(self) -> None:
+        """Before a write under this lease: put ``session.lock`` back if it was deleted or replaced (its inode has
+        no name left), locked by this lease again, so that a 0.2 writer, which sees only that file, is refused
+        again. :class:`SessionLockedError` (and nothing written) if a 0.2 writer locked the path meanwhile.
+
+        One ``fstat`` while the file is in place. 0.3 writers need none of this: the anchor refuses them.
+        """
+        with self._lock:
+            fd, anchor = self._fd, self._anchor
+            if fd is None or anchor is None or os.fstat(fd).st_nlink > 0:
+                return
+            self._fd = _relock(anchor, self.path, self._session_id)
+            os.close(fd)
 
     @property
     def anchored(self) -> bool:
@@ -378,7 +396,36 @@ def _acquire_guarded(dir_fd: int, session_dir: str, path: str, session_id: str) 
         except BaseException:
             os.close(fd)
             raise
-        return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None)
+        return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None, session_id)
+
+
+def _relock(dir_fd: int, path: str, session_id: str) -> int:
+    """Under the guard, lock the file at ``path`` (created if missing) for a holder of the anchor ``dir_fd``."""
+    fcntl.flock(dir_fd, fcntl.LOCK_EX)  # the guard: 0.2 writers take the file under it too
+    try:
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = read_holder(fd)
+                os.close(fd)
+                raise SessionLockedError(session_id, holder) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                if _ident(os.stat(path, follow_symlinks=False)) == _ident(os.fstat(fd)):
+                    _write_holder(fd, path)
+                    return fd
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # replaced between the open and the lock: try the new one
+    finally:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
 
 
 def _named_holder(path: str) -> str | None:
