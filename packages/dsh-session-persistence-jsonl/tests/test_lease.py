@@ -1,8 +1,9 @@
-"""The JSONL writer lease on real files: a kernel ``flock`` on ``session.lock`` beside the transcript.
+"""The JSONL writer lease on real files: ``session.lock``'s ``flock`` and the session directory's anchor.
 
 Checked from outside the lease code: another open file description (a second backend instance) and another
 process (a plain ``flock`` in a subprocess) both find the file locked while a lease is held, the file names the
-holder's pid and host, and releasing (or the holder dying) frees it.
+holder's pid and host, and releasing (or the holder dying) frees it; with the file deleted or replaced, the
+anchor still refuses a second instance and the probe still finds the holder from another process.
 """
 
 from __future__ import annotations
