@@ -397,11 +397,14 @@ class JsonlBackend(JsonlReads):
         # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
         appender = HeldAppender()
         self._appenders[path] = appender
+        self._leases[meta.id] = lease
 
         def forget() -> None:
             appender.close()
             if self._appenders.get(path) is appender:
                 del self._appenders[path]
+            if self._leases.get(meta.id) is lease:
+                del self._leases[meta.id]
 
         lease.on_release(forget)
         return lease
