@@ -20,7 +20,7 @@ from msgspec import UNSET
 
 from .._model.events import AssistantChunk, AssistantChunkData, ReasoningDeltaChunk, TextDeltaChunk, ToolCallDeltaChunk
 from .._model.jsonvalue import MAX_SAFE_INTEGER
-from .chunk_rows import ABSENT, Member, pack_runs, run_key
+from .chunk_rows import ABSENT, Member, pack_runs, plain_member
 
 __all__ = ["encode_chunk_run"]
 
@@ -121,13 +121,7 @@ def _member_of(event: AssistantChunk) -> Member | None:
         if decided is None:
             return None
     if decided is _UNDECIDED:
-        value: Any = msgspec.to_builtins(event)
-        key = run_key(value)
-        if key is None:
-            return None
-        chunk = value["data"]["chunk"]
-        delta = chunk["argumentsDelta"] if key[0] == "tool-call-delta" else chunk["text"]
-        return key, value["seq"], value["time"], delta
+        return plain_member(msgspec.to_builtins(event))
     key, delta = decided
     return key, event.seq, event.time, delta
 

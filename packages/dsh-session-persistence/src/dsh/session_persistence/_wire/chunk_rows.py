@@ -46,6 +46,7 @@ __all__ = [
     "expand_chunk_rows",
     "pack_chunk_rows",
     "pack_runs",
+    "plain_member",
     "row_events",
     "row_member_count",
     "run_key",
@@ -204,7 +205,8 @@ def pack_runs(events: Iterable[T], member_of: Callable[[T], Member | None]) -> l
     return out
 
 
-def _plain_member(event: dict[str, Any]) -> Member | None:
+def plain_member(event: dict[str, Any]) -> Member | None:
+    """A plain-JSON event as a run member (:func:`run_key` and its seq, time and delta), ``None`` if verbatim."""
     key = run_key(event)
     if key is None:
         return None
@@ -216,7 +218,7 @@ def _plain_member(event: dict[str, Any]) -> Member | None:
 def pack_chunk_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Encode a batch of plain-JSON events for storage: :func:`pack_runs` with :func:`run_key` (each run of
     >= :data:`MIN_RUN` packable delta chunks becomes one row; every other event passes through verbatim)."""
-    return pack_runs(events, _plain_member)
+    return pack_runs(events, plain_member)
 
 
 # ---------------------------------------------------------------------------------------------------
