@@ -1,9 +1,5 @@
-"""Agent-loop integration, cancellation and turn outcomes (spec/policy.md §5 scenarios 40-44).
-
-The real stack: ``AgentLoop`` + ``PersistenceCoordinator`` + ``JsonlBackend`` (tmp_path) + ``CheckpointPolicy``,
-all discovered through ``Host.load_entrypoints()``. Durability is read back from the backend itself. Every wait is
-bounded by ``anyio.fail_after``; gates are released in ``finally``; no assertion depends on timing.
-"""
+"""Agent-loop integration, cancellation and turn outcomes (spec/policy.md §5 scenarios 40-44), on the real stack
+of test_agent_loop.py."""
 
 from __future__ import annotations
 
