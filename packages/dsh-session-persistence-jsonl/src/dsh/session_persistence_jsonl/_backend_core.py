@@ -38,7 +38,7 @@ from ._files.seq_guard import NextSeqCache
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
 from ._format.frames import Compression
 from ._format.records import corrupt, encode_header_line
-from ._format.sealed import BatchSeal, check_cipher_available, header_seal, seal_header_line
+from ._format.sealed import BatchSeal, check_cipher_available, seal_header_line
 from ._format.upgrade import current_header
 from ._format.v0 import DecodedLog, decode_raw_log, decode_zstd_log
 from ._format.v1 import (
@@ -267,9 +267,7 @@ class JsonlCore:
         line = encode_header_line(current_header(storage))
         seal = None
         if self.encryption is not None:
-            line = seal_header_line(line)
-            sealed = header_seal(line[:-1])
-            assert sealed is not None
+            line, sealed = seal_header_line(line)
             seal = BatchSeal(sealed, self.encryption, self.compression, self._path_for(storage.meta))
         if len(line) > min(HEADER_CAP, self.max_batch_bytes):
             raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")

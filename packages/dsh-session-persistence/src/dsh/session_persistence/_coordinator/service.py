@@ -14,7 +14,8 @@ registers when it starts (``async with PersistenceCoordinator(host, backend) as 
 first thing on close. Background work (write-behind timers and writes, initialization, retirement) runs in a
 task group the coordinator owns, so a caller that is cancelled abandons only its own wait.
 
-Not implemented yet: ``prepare`` and ``borrow_session`` (the seed's names for reading through the preparation cache).
+The preparation cache (:mod:`.preparations`) has no calls of its own: a load right after ``inspect`` reuses the
+validated read; the seed's ``prepare`` and ``borrow_session`` are not exposed.
 """
 
 from __future__ import annotations
