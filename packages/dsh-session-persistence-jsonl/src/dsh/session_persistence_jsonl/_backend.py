@@ -46,7 +46,6 @@ from ._format.v1 import (
     is_declared,
 )
 from ._format.v1_damage import DamagedTail, find_damaged_tail
-from .encryption import StaticKeyProvider
 
 __all__ = ["JsonlWrites"]
 
@@ -60,17 +59,6 @@ class JsonlWrites:
 
     def __init__(self, core: JsonlCore) -> None:
         self._core = core
-
-    @classmethod
-    def key_options(cls, kind: str, name: str) -> dict[str, object]:
-        """Constructor options for a key source a tool names (``dsh-sessions --key-env NAME`` / ``--key-file
-        PATH``): ``{"encryption": StaticKeyProvider.from_env(name) or .from_file(name)}``; a source without a
-        usable key raises :class:`~dsh.session_persistence_jsonl.encryption.SessionKeyError`."""
-        if kind == "env":
-            return {"encryption": StaticKeyProvider.from_env(name)}
-        if kind == "file":
-            return {"encryption": StaticKeyProvider.from_file(name)}
-        raise ValueError(f'unknown key source kind {kind!r} (expected "env" or "file")')
 
     # --------------------------------------------------------------------------------------------------------
     # writes

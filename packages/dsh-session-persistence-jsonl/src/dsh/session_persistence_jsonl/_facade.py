@@ -36,7 +36,7 @@ from ._files.lease import JsonlWriterLease
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
 from ._format.frames import Compression
 from ._format.v1_damage import DamagedTail
-from .encryption import KeyProvider
+from .encryption import KeyProvider, StaticKeyProvider
 
 __all__ = ["JsonlBackend", "SessionLogExistsError"]
 
@@ -63,6 +63,17 @@ class JsonlBackend:
 
     NAME: ClassVar[str] = "jsonl"
     supports_raw_artifacts: ClassVar[bool] = True
+
+    @classmethod
+    def key_options(cls, kind: str, name: str) -> dict[str, object]:
+        """Constructor options for a key source a tool names (``dsh-sessions --key-env NAME`` / ``--key-file
+        PATH``): ``{"encryption": StaticKeyProvider.from_env(name) or .from_file(name)}``; a source without a
+        usable key raises :class:`~dsh.session_persistence_jsonl.encryption.SessionKeyError`."""
+        if kind == "env":
+            return {"encryption": StaticKeyProvider.from_env(name)}
+        if kind == "file":
+            return {"encryption": StaticKeyProvider.from_file(name)}
+        raise ValueError(f'unknown key source kind {kind!r} (expected "env" or "file")')
 
     def __init__(
         self,
