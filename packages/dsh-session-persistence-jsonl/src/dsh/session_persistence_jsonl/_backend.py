@@ -331,11 +331,14 @@ class JsonlWrites:
         # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
         appender = HeldAppender()
         self._core._appenders[path] = appender
+        self._core._leases[meta.id] = lease
 
         def forget() -> None:
             appender.close()
             if self._core._appenders.get(path) is appender:
                 del self._core._appenders[path]
+            if self._core._leases.get(meta.id) is lease:
+                del self._core._leases[meta.id]
 
         lease.on_release(forget)
         return lease

@@ -34,6 +34,7 @@ from ._files.fs import (
 )
 from ._files.held_append import HeldAppender
 from ._files.layout import transcript_path
+from ._files.lease import JsonlWriterLease
 from ._files.seq_guard import NextSeqCache
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
 from ._format.frames import Compression
@@ -135,6 +136,8 @@ class JsonlCore:
         self._unsynced: dict[str, UnsyncedBytes | UnsyncedName] = {}
         # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
         self._appenders: dict[str, HeldAppender] = {}
+        # Session id -> the writer lease this instance holds for it (every write under it keeps its lock file).
+        self._leases: dict[str, JsonlWriterLease] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -192,6 +195,9 @@ class JsonlCore:
         """``func``, remembering a write of ``session_id`` it leaves unsynced (see :meth:`_settle_unsynced`)."""
 
         def run() -> _T:
+            lease = self._leases.get(session_id)
+            if lease is not None:
+                lease.keep()  # a lock file deleted under the lease is put back before anything is written
             self._settle_unsynced(session_id)
             try:
                 return func()
