@@ -119,7 +119,7 @@ async def _build(
 
 def _decode(backend: JsonlBackend, path: Path, data: bytes) -> Any:
     """The backend's whole read decision for these bytes (decode + identity), without the file round trip."""
-    log = backend._decode(data, str(path))
+    log = backend._core._decode(data, str(path))
     check_identity(backend.root, backend.compression, str(path), log.header, "s1")
     return log
 

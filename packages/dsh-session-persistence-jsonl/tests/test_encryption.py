@@ -236,7 +236,7 @@ class TestSealedConformance(TestJsonlConformance):
         seq = len(
             walk_declared(BufferSource(path.read_bytes()), compression, str(path), 1 << 20, keys=provider()).events
         )
-        seal = backend._seal_for(str(path))
+        seal = backend._core._seal_for(str(path))
         pair = encode_declared_batch(
             compression, seq, 1, b'{"type":"turn/end","seq":%d,"time":0,"data":{}}\n' % seq, seal
         )

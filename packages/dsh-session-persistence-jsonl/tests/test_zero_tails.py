@@ -118,7 +118,7 @@ def test_zeros_to_the_end_are_a_tear_only_inside_the_final_batch(tmp_path: Path,
         state = full[:zero_from] + bytes(len(full) - zero_from)
         expect_torn = _may_read_as_torn(state, all_pairs, compression)
         try:
-            log = backend._decode(state, str(path))
+            log = backend._core._decode(state, str(path))
         except SessionPersistenceCorruptionError:
             assert not expect_torn, f"zeros from {zero_from}: a possible tear refused as damage"
             counts["damage"] += 1
@@ -148,7 +148,7 @@ def test_a_sector_of_zeros_from_an_earlier_batch_is_damage_everywhere(tmp_path: 
         for boundary in range(-(-pair.data_start // SECTOR) * SECTOR, pair.end, SECTOR):
             state = full[:boundary] + bytes(len(full) - boundary)
             with pytest.raises(SessionPersistenceCorruptionError):
-                backend._decode(state, str(path))
+                backend._core._decode(state, str(path))
             checked += 1
     assert checked >= 3
 

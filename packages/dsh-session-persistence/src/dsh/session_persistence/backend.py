@@ -93,7 +93,6 @@ from ._wire.codec import (
     decode_event_line,
     encode_event,
     event_to_builtins,
-    first_refused_unknown,
 )
 from ._wire.contiguity import check_contiguous, first_seq_gap
 from ._wire.storage_lines import (
@@ -103,7 +102,7 @@ from ._wire.storage_lines import (
     decode_storage_lines_from,
     encode_storage_lines,
 )
-from ._wire.versions import check_format_version, refuse_unknown_events
+from ._wire.versions import check_format_version, first_refused_unknown, refuse_unknown_events
 
 __all__ = [
     "CHUNK_ROW_TAGS",
