@@ -9,7 +9,8 @@ and reports medians and ratios of medians::
 
 Figures: see ``docs/benchmarks.md``. A package run as a directory (``python tools/bench``): this ``__main__`` parses
 the options and runs the sections, one module each (``bench_writes``: 1 and 6, ``bench_commits``: 2 and 8,
-``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10); Python puts
+``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10,
+``bench_sealed``: 11); Python puts
 this directory first on ``sys.path`` when it runs it, which is how they import each other.
 """
 
@@ -31,6 +32,7 @@ from bench_load import _load_child, load_section
 from bench_loop import loop_section
 from bench_peers import peer_status
 from bench_pg import _pg_writer_child, postgres_section
+from bench_sealed import sealed_section
 from bench_writes import size_section, write_section
 
 
@@ -58,6 +60,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         await loop_section(cfg, report, scratch)
         size_section(report, written)
         await load_section(cfg, report, scratch)
+        if not args.no_sealed:
+            await sealed_section(cfg, report, scratch)
         await flush_section(cfg, report, scratch)
         await list_section(cfg, report, scratch)
 
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=0, help="repetitions per measurement (default: 5, quick: 2)")
     parser.add_argument("--dir", default=None, help="scratch directory parent (default: the system temp dir)")
+    parser.add_argument("--no-sealed", action="store_true", help="skip the encrypted-session ratios (section 11)")
     parser.add_argument("--no-many", action="store_true", help="skip the many-sessions load (section 8)")
     parser.add_argument(
         "--commits-only",

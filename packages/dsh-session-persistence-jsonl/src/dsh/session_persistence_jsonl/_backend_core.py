@@ -36,11 +36,12 @@ from ._files.fs import (
 )
 from ._files.held_append import HeldAppender
 from ._files.layout import transcript_path
+from ._files.lease import JsonlWriterLease
 from ._files.seq_guard import NextSeqCache
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
 from ._format.frames import Compression
 from ._format.records import corrupt, encode_header_line
-from ._format.sealed import BatchSeal, check_cipher_available, header_seal, seal_header_line
+from ._format.sealed import BatchSeal, check_cipher_available, seal_header_line
 from ._format.upgrade import current_header
 from ._format.v0 import DecodedLog, decode_raw_log, decode_zstd_log
 from ._format.v1 import (
@@ -144,6 +145,8 @@ class JsonlCore:
         self._appenders: dict[str, HeldAppender] = {}
         # Every durable step runs here, keyed by session id: one session's steps in order, many share a wake.
         self._writer = BlockingWriter(WRITER_LANES, name="dsh-jsonl-writer")
+        # Session id -> the writer lease this instance holds for it (every write under it keeps its lock file).
+        self._leases: dict[str, JsonlWriterLease] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -193,7 +196,11 @@ class JsonlCore:
 
     def _durable_step(self, session_id: str, func: Callable[..., _T], args: tuple[Any, ...]) -> _T:
         """On the writer: :meth:`_write`'s step between the settlement of an earlier unsynced write and the
-        record of one this step leaves."""
+        record of one this step leaves; under a held lease, its lock file is checked first (the one place every
+        write passes, whichever thread runs it)."""
+        lease = self._leases.get(session_id)
+        if lease is not None:
+            lease.keep()  # a lock file deleted under the lease is put back before anything is written
         if self._unsynced:
             self._settle_unsynced(session_id)
         try:
@@ -286,9 +293,7 @@ class JsonlCore:
         line = encode_header_line(current_header(storage))
         seal = None
         if self.encryption is not None:
-            line = seal_header_line(line)
-            sealed = header_seal(line[:-1])
-            assert sealed is not None
+            line, sealed = seal_header_line(line)
             seal = BatchSeal(sealed, self.encryption, self.compression, self._path_for(storage.meta))
         if len(line) > min(HEADER_CAP, self.max_batch_bytes):
             raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")
