@@ -128,7 +128,7 @@ class JsonlBackend(JsonlReads):
     async def materialize_header(self, storage: StorageMetadata) -> None:
         """Durably create a header-only transcript; fails if one already exists (never clobbers)."""
         work = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, ()))
-        await self._run_shielded(work, "materializing the session log")
+        await self._run_shielded(self._announcing(storage.meta, work), "materializing the session log")
 
     def _upgrade_sync(
         self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
@@ -178,12 +178,12 @@ class JsonlBackend(JsonlReads):
         batch = list(events)
         if not is_materialized:
             first = self._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, batch))
-            await self._run_shielded(first, "materializing the session log")
+            await self._run_shielded(self._announcing(storage.meta, first), "materializing the session log")
             return
         path = self._path_for(storage.meta)
 
         append = self._noting_unsynced(storage.meta.id, partial(self._append_sync, storage, path, batch))
-        await self._run_shielded(append, "appending to the session log")
+        await self._run_shielded(self._announcing(storage.meta, append), "appending to the session log")
 
     def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
         """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""
@@ -233,7 +233,8 @@ class JsonlBackend(JsonlReads):
                 check_contiguous(storage.meta.id, found[0], batch)
                 append_durable(path, self._encode_batch(batch, self._seal_for(path)))
 
-        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "repairing the session log")
+        repair = self._announcing(storage.meta, self._noting_unsynced(storage.meta.id, work))
+        await self._run_shielded(repair, "repairing the session log")
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         """Atomically replace the log with ``events`` (a contiguous prefix, possibly empty); header kept."""
@@ -250,7 +251,8 @@ class JsonlBackend(JsonlReads):
             replace_durable(path, data)
             self._declared.add(path)
 
-        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "rewriting the session log")
+        rewrite = self._announcing(storage.meta, self._noting_unsynced(storage.meta.id, work))
+        await self._run_shielded(rewrite, "rewriting the session log")
 
     # --------------------------------------------------------------------------------------------------------
     # the operator's explicit step for a damaged final batch
@@ -279,6 +281,7 @@ class JsonlBackend(JsonlReads):
         def work() -> None:
             # Under the session's writer lease: refused (SessionLockedError) while any writer holds the session.
             lease = acquire_lease(self.root, os.path.dirname(tail.path), session_id)
+            self._activity.announce(tail.path, lease.inode)
             try:
                 current = self._damaged_tail_sync(session_id)
                 if current != tail:
@@ -289,6 +292,7 @@ class JsonlBackend(JsonlReads):
                 truncate_durable(tail.path, tail.start, tail.size)
             finally:
                 lease.release_sync()
+                self._activity.retire(tail.path)
 
         await self._run_shielded(work, "discarding the damaged final batch")
 
@@ -304,7 +308,10 @@ class JsonlBackend(JsonlReads):
         """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``.
 
         The root preflight (a root holding the other encoding is refused) runs once per backend instance, as for
-        every other read; after it a page costs one ``stat`` per session and the page's headers.
+        every other read. A "recent" page with a limit goes through the activity index (a cache in the root that
+        writers keep and listings prove; see ``_files/activity``): it costs the ``stat`` of the sessions written
+        since the last listing, of the page's rows, and of the project directories, plus the page's headers. A
+        missing or unprovable index costs one ``stat`` per session, once, and is rebuilt.
         """
 
         def work() -> builtins.list[SessionListing]:
@@ -362,7 +369,8 @@ class JsonlBackend(JsonlReads):
             compact_transcript(path, storage.meta.id, data, expected_revision)
             self._declared.add(path)
 
-        await self._run_shielded(self._noting_unsynced(storage.meta.id, work), "compacting the session log")
+        compact = self._announcing(storage.meta, self._noting_unsynced(storage.meta.id, work))
+        await self._run_shielded(compact, "compacting the session log")
 
     async def writer_lease_holder(self, meta: SessionHeader) -> str | None:
         """Who holds the session's writer lease (``"pid 4242 on host-a"``), ``None`` when nobody does; reads the
@@ -379,9 +387,13 @@ class JsonlBackend(JsonlReads):
         """
         path = self._path_for(meta)
         session_dir = os.path.dirname(path)
-        lease = await self._run_shielded(
-            lambda: acquire_lease(self.root, session_dir, meta.id), "taking the writer lease"
-        )
+
+        def take() -> JsonlWriterLease:
+            lease = acquire_lease(self.root, session_dir, meta.id)
+            self._activity.announce(path, lease.inode)  # before any write under it; retired on release
+            return lease
+
+        lease = await self._run_shielded(take, "taking the writer lease")
         # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
         appender = HeldAppender()
         self._appenders[path] = appender
@@ -390,6 +402,7 @@ class JsonlBackend(JsonlReads):
             appender.close()
             if self._appenders.get(path) is appender:
                 del self._appenders[path]
+            self._activity.retire(path)
 
         lease.on_release(forget)
         return lease
@@ -400,3 +413,4 @@ class JsonlBackend(JsonlReads):
         for appender in list(self._appenders.values()):
             appender.close()
         self._appenders.clear()
+        self._activity.retire_all()

@@ -121,8 +121,10 @@ def _await_holder(fd: int) -> str | None:
 class JsonlWriterLease:
     """A held JSONL writer lease: the locked descriptor, closed (and so unlocked) by :meth:`release`."""
 
-    def __init__(self, fd: int, path: str, holder: str) -> None:
+    def __init__(self, fd: int, path: str, holder: str, inode: int = 0) -> None:
         self._fd: int | None = fd
+        #: The lock file's inode (the activity index knows this writer's lock by it).
+        self.inode = inode
         self._lock = threading.Lock()
         self.path = path
         self._holder = holder
@@ -226,4 +228,4 @@ def _acquire_locked(path: str, session_id: str) -> JsonlWriterLease:
         except BaseException:
             os.close(fd)
             raise
-        return JsonlWriterLease(fd, path, _describe({"pid": pid, "host": host}) or f"pid {pid}")
+        return JsonlWriterLease(fd, path, _describe({"pid": pid, "host": host}) or f"pid {pid}", mine.st_ino)
