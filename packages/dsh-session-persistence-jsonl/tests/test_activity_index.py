@@ -119,6 +119,17 @@ async def test_a_write_through_the_backend_moves_its_session_first(tmp_path: Pat
     assert await listed(backend, 3) == truth(tmp_path, 3)
 
 
+async def test_a_session_written_and_released_between_two_listings_moves_first(tmp_path: Path) -> None:
+    backend = await build(tmp_path, 8)
+    header = meta("s01", CWDS[1], created_at=1001)
+    lease = await backend.acquire_writer_lease(header)  # announced and retired, both after the index's point
+    batch = [msgspec.structs.replace(e, seq=e.seq + 6) for e in one_turn_log()]
+    await backend.append_batch(StorageMetadata(header), batch, True)
+    await lease.release()
+    assert truth(tmp_path, 1) == ["s01"]
+    assert through_index(tmp_path, 3) == truth(tmp_path, 3)
+
+
 @pytest.mark.parametrize("damage", ["missing", "garbage", "cut", "empty", "other-boot", "other-encoding"])
 async def test_a_missing_or_damaged_index_is_rebuilt_and_the_listing_stays_true(tmp_path: Path, damage: str) -> None:
     backend = await build(tmp_path, 8)
@@ -150,6 +161,15 @@ async def test_a_row_whose_file_changed_is_put_in_its_real_place(tmp_path: Path)
     age(Path(backend.locate(meta("s07", CWDS[1])).path), 5000)
     assert through_index(tmp_path, 3) == truth(tmp_path, 3) == ["s06", "s05", "s04"]
     assert await listed(backend, 8) == truth(tmp_path, 8)
+
+
+async def test_a_row_that_belongs_before_rows_already_chosen_sends_the_listing_to_a_scan(tmp_path: Path) -> None:
+    backend = await build(tmp_path, 8)
+    # Made the newest in place behind the index's back: found only when the listing reaches its row.
+    age(Path(backend.locate(meta("s02", CWDS[0])).path), -1)
+    assert through_index(tmp_path, 8) is None
+    assert await listed(backend, 8) == truth(tmp_path, 8)
+    assert truth(tmp_path, 1) == ["s02"]
 
 
 async def test_a_session_copied_in_by_another_program_is_listed(tmp_path: Path) -> None:
@@ -196,6 +216,7 @@ async def test_a_writer_killed_before_it_retires_its_session_leaves_it_looked_at
         # A listing while it lives: the session is at the bottom, and the index is rewritten knowing the writer.
         assert await listed(backend, 10) == truth(tmp_path, 10)
         assert truth(tmp_path, 10)[-1] == "killed"
+        assert through_index(tmp_path, 10) == truth(tmp_path, 10)  # its lock is known: it announced it
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "committed"
