@@ -50,6 +50,7 @@ __all__ = [
     "read_journal",
     "unknown_locks",
     "write",
+    "write_delta",
 ]
 
 Checkpoint = Callable[[], None]
@@ -108,12 +109,35 @@ class Snapshot:
     state: IndexState
     data: bytes
     locks: int  # offset of the line of the sessions' lock file inodes
-    body: int  # offset of the first entry line
+    delta_at: int  # offset of the first delta line: entries newer than the sorted body's, which they supersede
+    body: int  # offset of the first line of the sorted body
 
     def lock_inodes(self) -> set[int]:
         """The inodes of the sessions' lock files (a lock on any other file is no session's writer)."""
-        line = self.data[self.locks : self.body - 1]
+        line = self.data[self.locks : self.delta_at - 1]
         return set(map(int, line.split())) if line else set()
+
+    def delta(self) -> list[Entry]:
+        return [_parse(line) for line in self.data[self.delta_at : self.body].split(b"\n")[:-1]]
+
+    def all_entries(self) -> list[Entry]:
+        delta = self.delta()
+        newer = {e.rel for e in delta}
+        return [*delta, *(e for e in self.stream() if e.rel not in newer)]
+
+    def names_in(self, project: str) -> dict[str, int]:
+        """``name -> directory inode`` of the project's sessions, found by a scan of the bytes (nothing parsed
+        but the project's own lines)."""
+        data, needle = self.data, b"\t" + project.encode("ascii") + b"\t"
+        out: dict[str, int] = {}
+        pos = self.body
+        while (at := data.find(needle, pos)) >= 0:  # the project is the fifth field: only its lines match
+            end = data.index(b"\n", at)
+            dino = int(data[data.rindex(b"\t", 0, at) + 1 : at])
+            out[data[at + len(needle) : end].decode("utf-8", "surrogateescape")] = dino
+            pos = end + 1
+        out.update((e.name, e.dir_ino) for e in self.delta() if e.project == project)
+        return out
 
     def stream(self) -> Iterator[Entry]:
         """Entries newest first, parsed as they are consumed."""
@@ -178,15 +202,35 @@ def load(root: str, compression: str, boot: str) -> Snapshot | None:
         second = data.index(b"\n", nl + 1)
         if not data[nl + 1 : second].replace(b" ", b"").isdigit() and second != nl + 1:
             return None
+        body = second + 1
+        delta = head.get("delta", 0)
+        if type(delta) is not int or delta < 0:
+            return None
+        for _ in range(delta):
+            body = data.index(b"\n", body) + 1
     except (ValueError, KeyError, TypeError):
         return None
-    return Snapshot(state, data, nl + 1, second + 1)
+    return Snapshot(state, data, nl + 1, second + 1, body)
 
 
 def _ints_any(value: object) -> list[object]:
     if not isinstance(value, list) or len(value) != 3 or type(value[0]) is not int or type(value[2]) is not int:
         raise IndexFormatError("bad open record")
     return [value[0], str(value[1]), value[2]]
+
+
+def _line(e: Entry) -> bytes:
+    return f"{e.mtime_ns}\t{e.size}\t{e.ino}\t{e.dir_ino}\t{e.project}\t{e.name}\n".encode("utf-8", "surrogateescape")
+
+
+def _holdable(entries: list[Entry]) -> bool:
+    return not any("\t" in e.name or "\n" in e.name or "\t" in e.project or "\n" in e.project for e in entries)
+
+
+def write_delta(root: str, state: IndexState, snap: Snapshot, delta: list[Entry], lock_inodes: set[int]) -> None:
+    """The snapshot with ``delta`` in front of its sorted body, which is copied as it is (nothing re-sorted)."""
+    if _holdable(delta):
+        _replace(root, _head(state, len(delta)), lock_inodes, b"".join(map(_line, delta)), snap.data[snap.body :])
 
 
 def write(
@@ -197,9 +241,12 @@ def write(
     lock_inodes: set[int],
 ) -> None:
     """Replace the snapshot (a cache: not synced; a failure leaves the old one, which is proved before use)."""
-    if any("\t" in e.name or "\n" in e.name or "\t" in e.project or "\n" in e.project for e in entries):
-        return  # names this line format cannot hold: no index, every listing scans
-    head = {
+    if _holdable(entries):  # else names this line format cannot hold: no index, every listing scans
+        _replace(root, _head(state, 0), lock_inodes, b"", b"".join(map(_line, sorted(entries, key=sort_key))))
+
+
+def _head(state: IndexState, delta: int) -> dict[str, object]:
+    return {
         "v": _VERSION,
         "compression": state.compression,
         "boot": state.boot,
@@ -207,18 +254,20 @@ def write(
         "root": list(state.root),
         "projects": {k: list(v) for k, v in state.projects.items()},
         "opens": state.opens,
+        "delta": delta,
     }
-    ordered = sorted(entries, key=sort_key)
-    lines = [
-        f"{e.mtime_ns}\t{e.size}\t{e.ino}\t{e.dir_ino}\t{e.project}\t{e.name}\n".encode("utf-8", "surrogateescape")
-        for e in ordered
-    ]
+
+
+def _replace(root: str, head: dict[str, object], lock_inodes: set[int], delta: bytes, body: bytes) -> None:
     tmp = os.path.join(root, f"{INDEX_NAME}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             locks = " ".join(map(str, sorted(lock_inodes))).encode()
-            os.write(fd, json.dumps(head, separators=(",", ":")).encode() + b"\n" + locks + b"\n" + b"".join(lines))
+            data = json.dumps(head, separators=(",", ":")).encode() + b"\n" + locks + b"\n" + delta + body
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
         os.replace(tmp, os.path.join(root, INDEX_NAME))

@@ -38,6 +38,8 @@ ReadHeader = Callable[[str, Compression, Candidate, int, Checkpoint], SessionHea
 #: A listing rewrites the snapshot once it had to stat this many sessions, or read this much journal, itself.
 REWRITE_FRESH = 256
 REWRITE_JOURNAL_BYTES = 1 << 20
+#: Sessions changed since the sorted body was written are kept in front of it, unsorted, up to this many.
+DELTA_MAX = 4096
 
 
 def _session_id(name: str) -> str:
@@ -228,18 +230,14 @@ def _page(
     now = time.time_ns()
     projects, changed = _projects_now(root, state, now)
     present: dict[str, set[str]] = {}
-    every: list[Entry] | None = None
-    if changed:
-        every = snap.entries()
-        known = {e.rel: e for e in every if e.project in changed}
-        for project in changed:
-            checkpoint()
-            names = present[project] = set()
-            for entry in _dirs(os.path.join(root, project)):
-                names.add(entry.name)
-                old = known.get(project + "/" + entry.name)
-                if old is None or old.dir_ino != entry.inode():
-                    fresh_rels.add(project + "/" + entry.name)
+    for project in changed:
+        checkpoint()
+        known = snap.names_in(project)
+        names = present[project] = set()
+        for entry in _dirs(os.path.join(root, project)):
+            names.add(entry.name)
+            if known.get(entry.name) != entry.inode():  # new, or replaced (copied over, recreated)
+                fresh_rels.add(project + "/" + entry.name)
     suffix = "/" + TRANSCRIPT_STEM + suffix_for(compression)
     fresh: dict[str, tuple[Entry, os.stat_result]] = {}
     for rel in fresh_rels:
@@ -254,32 +252,45 @@ def _page(
             continue
         fresh[rel] = (Entry(st.st_mtime_ns, st.st_size, st.st_ino, dir_ino, project, name), st)
 
+    delta = snap.delta()
+    superseded = {e.rel for e in delta}
+
     def alive(e: Entry) -> bool:
         if e.project not in projects or e.rel in fresh_rels:
             return False
         names = present.get(e.project)
         return names is None or e.name in names
 
+    def alive_in_body(e: Entry) -> bool:
+        return e.rel not in superseded and alive(e)
+
+    stream = heapq.merge(
+        filter(alive_in_body, snap.stream()), sorted(filter(alive, delta), key=_sort_key), key=_sort_key
+    )
+
     heap: list[tuple[int, str, str, os.stat_result]] = [
         (-(st.st_mtime_ns // 1_000_000), _session_id(e.name), e.rel, st) for e, st in fresh.values()
     ]
     heapq.heapify(heap)
     repaired: dict[str, tuple[Entry, os.stat_result]] = {}
-    rows = _emit(root, compression, query, cap, checkpoint, read_header, heap, snap, alive, repaired, suffix)
+    rows = _emit(root, compression, query, cap, checkpoint, read_header, heap, stream, repaired, suffix)
     pruned = len(opens) != announced
     if changed or repaired or pruned or len(fresh_rels) > REWRITE_FRESH or offset - start > REWRITE_JOURNAL_BYTES:
-        if every is None:
-            every = snap.entries()
         updated = {**fresh, **repaired}
-        kept = [e for e in every if alive(e) and e.rel not in updated]
-        kept.extend(e for e, _st in updated.values())
+        new_delta = [e for e in delta if alive(e) and e.rel not in updated]
+        new_delta.extend(e for e, _st in updated.values())
         root_st = os.stat(root)
         new_root = (root_st.st_mtime_ns, root_st.st_ino, now) if root_st.st_mtime_ns != state.root[0] else state.root
         new_state = IndexState(compression, boot, (journal[0], journal[1], offset), new_root, projects, opens)
         lock_inodes = snap.lock_inodes()
         lock_inodes.update(_lock_inode(os.path.join(root, rel)) for rel in fresh)
         lock_inodes.discard(0)
-        activity.write(root, new_state, kept, _sort_key, lock_inodes)
+        if len(new_delta) <= DELTA_MAX:
+            activity.write_delta(root, new_state, snap, new_delta, lock_inodes)
+        else:  # fold the delta into a sorted body again
+            newer = {e.rel for e in new_delta}
+            kept = [e for e in snap.stream() if e.rel not in newer and alive_in_body(e)]
+            activity.write(root, new_state, [*kept, *new_delta], _sort_key, lock_inodes)
     return rows
 
 
@@ -291,8 +302,7 @@ def _emit(
     checkpoint: Checkpoint,
     read_header: ReadHeader,
     heap: list[tuple[int, str, str, os.stat_result]],
-    snap: Snapshot,
-    alive: Callable[[Entry], bool],
+    stream: Iterator[Entry],
     repaired: dict[str, tuple[Entry, os.stat_result]],
     suffix: str,
 ) -> list[SessionListing]:
@@ -300,7 +310,6 @@ def _emit(
     limit = query.limit
     assert limit is not None
     wanted = project_dir_name(query.cwd) if query.cwd is not None else None
-    stream = (e for e in snap.stream() if alive(e))
     head: Entry | None = next(stream, None)
     rows: list[SessionListing] = []
     emitted: dict[str, str] = {}
