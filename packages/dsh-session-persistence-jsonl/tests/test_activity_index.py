@@ -130,6 +130,29 @@ async def test_a_session_written_and_released_between_two_listings_moves_first(t
     assert through_index(tmp_path, 3) == truth(tmp_path, 3)
 
 
+@pytest.mark.parametrize("delta_max", [1, 4096])
+async def test_changes_since_the_sorted_body_are_proved_like_it(
+    tmp_path: Path, delta_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Written into the delta in front of the body (4,096), or folded back into a sorted body at once (1).
+    monkeypatch.setattr(activity_list, "DELTA_MAX", delta_max)
+    monkeypatch.setattr(activity_list, "REWRITE_FRESH", 0)  # every listing that stat'ed a session rewrites
+    backend = await build(tmp_path, 8)
+    for tick, (name, cwd) in enumerate([("s00", CWDS[0]), ("s03", CWDS[1]), ("s00", CWDS[0])]):
+        header = meta(name, cwd)
+        lease = await backend.acquire_writer_lease(header)
+        stored = await backend.load_stored(name)
+        assert stored is not None
+        batch = [msgspec.structs.replace(e, seq=e.seq + len(stored.events)) for e in one_turn_log()]
+        await backend.append_batch(StorageMetadata(header), batch, True)
+        await lease.release()
+        age_directories(tmp_path)
+        assert await listed(backend, 20) == truth(tmp_path, 20), tick
+        # The next page is proved from the index alone: its delta supersedes the body's older lines.
+        assert through_index(tmp_path, 20) == truth(tmp_path, 20), tick
+    assert truth(tmp_path, 2) == ["s00", "s03"]
+
+
 @pytest.mark.parametrize("damage", ["missing", "garbage", "cut", "empty", "other-boot", "other-encoding"])
 async def test_a_missing_or_damaged_index_is_rebuilt_and_the_listing_stays_true(tmp_path: Path, damage: str) -> None:
     backend = await build(tmp_path, 8)
