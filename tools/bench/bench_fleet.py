@@ -331,13 +331,17 @@ async def run_cell(system_name: str, loop: str, rate: Rate, n: int, seconds: flo
 
         async def realistic(index: int, handle: Any, t0: float) -> None:
             nonlocal due
+            # What the schedule asks for before the deadline, whatever this system manages: two barriers at each
+            # step's start, two after its 50 chunks.
+            step = 0
+            while t0 + step * rate.period_s < deadline:
+                due += 2 + 2 * (t0 + step * rate.period_s + 50 * rate.chunk_gap_s < deadline)
+                step += 1
             step = 0
             while True:
                 when = t0 + step * rate.period_s
-                if when >= deadline:
-                    return
-                # Two barriers at the step's start, two after its 50 chunks (the schedule, not this system's pace).
-                due += 2 + 2 * (when + 50 * rate.chunk_gap_s < deadline)
+                if when >= deadline or time.perf_counter() >= deadline:
+                    return  # a system that fell behind stops at the deadline too: its backlog is not served
                 await _sleep_until(when)
                 ev = steps[(index + step) % len(steps)]
                 system.append(handle, "step/start", {"turn": step + 1, "step": 1})
@@ -365,15 +369,18 @@ async def run_cell(system_name: str, loop: str, rate: Rate, n: int, seconds: flo
             tick = 0
             per_flush = max(1, round(rate.period_s / rate.chunk_gap_s))
             chunk = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token "}}
+            ticks = 0
+            while t0 + ticks * rate.chunk_gap_s < deadline:
+                ticks += 1
+            due += ticks // per_flush
             while True:
                 when = t0 + tick * rate.chunk_gap_s
-                if when >= deadline:
+                if when >= deadline or time.perf_counter() >= deadline:
                     return
                 await _sleep_until(when)
                 system.append(handle, "assistant/chunk", chunk)
                 tick += 1
                 if tick % per_flush == 0:
-                    due += 1
                     await timed_barrier(handle)
 
         agent = realistic if rate.name == "realistic" else aggressive
