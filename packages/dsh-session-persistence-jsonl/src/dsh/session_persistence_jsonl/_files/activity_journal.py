@@ -61,7 +61,9 @@ class ActivityJournal:
             else:
                 known[0] += 1
                 known[1] = lock_ino
-        self._append(f"+\t{rel}\t{os.getpid()}\t{self._host}\t{lock_ino}\n", announce=True)
+        if not self._append(f"+\t{rel}\t{os.getpid()}\t{self._host}\t{lock_ino}\n", announce=True):
+            with self._lock:
+                self._open.pop(rel, None)  # announced again before the next write
 
     def retire(self, transcript: str) -> None:
         """After the last write of this instance to the session of ``transcript`` (its lease is released)."""
@@ -78,28 +80,24 @@ class ActivityJournal:
             pid = os.getpid()
             self._append("".join(f"-\t{rel}\t{pid}\n" * n for rel, (n, _ino) in sorted(known.items())), announce=False)
 
-    def _append(self, line: str, *, announce: bool) -> None:
+    def _append(self, line: str, *, announce: bool) -> bool:
         data = line.encode("utf-8", "surrogateescape")
-        for attempt in (0, 1):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, 0o600)
-            except FileNotFoundError:
-                if attempt == 0:
-                    with contextlib.suppress(OSError):
-                        os.makedirs(self.root, 0o700, exist_ok=True)  # the first write of a fresh root
-                    continue
-                break
-            except OSError:
-                break
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, 0o600)
             try:
                 os.write(fd, data)  # one short line: one write, appended whole
-                return
-            except OSError:
-                break
+                return True
             finally:
                 os.close(fd)
+        except FileNotFoundError:
+            # No root yet: nothing to index, and the session this first write creates changes its project
+            # directory, which every listing checks. (The root is never created here: a refused write leaves none.)
+            return False
+        except OSError:
+            pass
         if announce:
             # A writer the journal does not name must not be hidden by the index: drop the index, a listing
             # rebuilds it from the logs. (A lost retirement is harmless: the session is only looked at longer.)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.root, INDEX_NAME))
+        return False
