@@ -23,7 +23,7 @@ whether a system keeps up. Systems, each in a fresh process per cell:
   calls ``asyncio.to_thread``).
 
 Per cell: barrier latency p50/p99 (wall time of each barrier), demanded and served barriers per second, and
-process CPU (user + system, every thread) per served barrier.
+process CPU (user + system, every thread) per completed barrier.
 """
 
 from __future__ import annotations
