@@ -1,8 +1,9 @@
 """The activity index: a first "recent" page without a ``stat`` per session, never trusted over the logs.
 
 ``<root>/.dsh-activity.idx`` is a snapshot a listing writes: every session's last seen ``stat`` (mtime, size,
-inode) sorted newest first, each project directory's ``stat``, the sessions writers had announced and not retired
-(``activity_journal.py``), and how far into the journal it has read. A listing takes the snapshot as a guess and
+inode) sorted newest first (with the sessions changed since in a short unsorted delta in front, so a rewrite never
+re-sorts 100,000 lines), the inodes of the sessions' lock files, each project directory's ``stat``, the sessions
+writers had announced and not retired (``activity_journal.py``), and how far into the journal it has read. A listing takes the snapshot as a guess and
 proves it before trusting it:
 
 * sessions the journal names after the snapshot's point, and sessions announced but not retired (a live writer,
@@ -10,8 +11,8 @@ proves it before trusting it:
 * a project directory whose ``stat`` changed (a session created, removed or copied in by anyone) is read again,
   and its new or replaced entries stat'ed; so is the root (a new project directory). A directory changed within
   :data:`RACY_NS` of when it was last read is always read again (coarse timestamps);
-* a session held by a writer the journal does not name (the kernel's lock table, Linux: a live 0.2 writer) sends
-  the listing to a full scan;
+* a session whose lock file a writer the journal does not name holds (the kernel's lock table, Linux: a live 0.2
+  writer) sends the listing to a full scan, which then looks at that session while the writer lives;
 * every row returned is stat'ed: a row whose ``stat`` differs from the snapshot's is moved to its real place, and
   one that should already have been returned sends the listing to a full scan.
 
