@@ -3,8 +3,8 @@
 ``<root>/.dsh-activity.idx`` is a snapshot a listing writes: every session's last seen ``stat`` (mtime, size,
 inode) sorted newest first (with the sessions changed since in a short unsorted delta in front, so a rewrite never
 re-sorts 100,000 lines), the inodes of the sessions' lock files, each project directory's ``stat``, the sessions
-writers had announced and not retired (``activity_journal.py``), and how far into the journal it has read. A listing takes the snapshot as a guess and
-proves it before trusting it:
+writers had announced and not retired (``activity_journal.py``), and how far into the journal it has read. A
+listing takes the snapshot as a guess and proves it before trusting it:
 
 * sessions the journal names after the snapshot's point, and sessions announced but not retired (a live writer,
   or one that crashed), are stat'ed, every time;
