@@ -19,8 +19,8 @@ listing takes the snapshot as a guess and proves it before trusting it:
 A missing, damaged or foreign snapshot, one from another boot (the journal is never synced, so only a reboot can
 lose its tail), a replaced journal, or no boot id at all: a full scan answers, and rewrites the snapshot. What the
 index cannot see is a transcript changed in place, between two listings, by a program that keeps no journal and
-holds no lock by then (a 0.2 writer that came and went); a full scan (a listing with no limit, ``verify``) or the
-next rebuild puts it back in place, and its row, whenever it is returned, carries its real ``stat``.
+holds no lock by then (a 0.2 writer that came and went): a listing with no limit (always a scan) has it in place,
+the index has it after its next rebuild, and its row, whenever it is returned, carries its real ``stat``.
 
 Blocking code for worker threads. Every write here is a cache write: not synced, and a failure is ignored.
 """
