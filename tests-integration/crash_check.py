@@ -3,10 +3,13 @@
 Used by ``test_crash.py`` and by ``tools/crash-torture``. :func:`kill_child` follows spec/policy.md §3 (readiness by
 marker *content*, polled every 10 ms for up to 30 s; SIGKILL with no graceful step). :func:`verify` reloads the
 session in a fresh host (store + coordinator + JSONL on the same root) and reports what the kill did.
+``sealed=True`` runs both sides on an encrypting backend (keys in ``DSH_CRASH_KEYS``, fixed test keys) and checks
+that what the child stored cannot be read without them.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -20,7 +23,13 @@ from typing import Any
 
 import anyio
 from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
-from dsh.session_persistence.backend import SessionPersistenceCorruptionError, encode_event, event_to_builtins
+from dsh.session_persistence.backend import (
+    SessionDecryptError,
+    SessionKeyError,
+    SessionPersistenceCorruptionError,
+    encode_event,
+    event_to_builtins,
+)
 from dsh.session_persistence.events import (
     AssistantMessage,
     SessionEvent,
@@ -44,6 +53,9 @@ MARKERS = {
     "between": "between-steps",
     "random": "running",
 }
+KEYS_ENV = "DSH_CRASH_KEYS"
+#: A fixed test key (id ``crash``, 32 bytes 0x5a), never used outside the crash tests.
+CRASH_KEYS = "crash:" + base64.b64encode(b"\x5a" * 32).decode()
 POLL_S = 0.010
 READY_TIMEOUT_S = 30.0
 
@@ -62,6 +74,7 @@ def kill_child(
     backend: str = "asyncio",
     kill_delay: float = 0.0,
     compression: str = "none",
+    sealed: bool = False,
 ) -> int:
     """Run the child in ``mode`` on ``root``, SIGKILL it once ready (+ ``kill_delay`` s); return its returncode."""
     root.mkdir(parents=True, exist_ok=True)
@@ -71,11 +84,14 @@ def kill_child(
     argv = [sys.executable, str(CHILD), mode, str(root), str(marker), f"--window-ms={window_ms}", f"--seed={seed}"]
     argv.append(f"--backend={backend}")
     argv.append(f"--compression={compression}")
+    if sealed:
+        argv.append("--sealed")
     if not policy:
         argv.append("--no-policy")
     stderr_path = root / "child.stderr"
     with stderr_path.open("wb") as stderr:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        env = {**os.environ, KEYS_ENV: CRASH_KEYS}
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -115,6 +131,7 @@ class Verdict:
     lost: list[str] = field(default_factory=list)  #: acknowledged or side-effected facts missing from disk
     damaged: str | None = None  #: the log was refused as corrupt (SessionPersistenceCorruptionError)
     compression: str = "none"
+    sealed: bool = False
     unbalanced: list[str] = field(default_factory=list)  #: structural problems of the repaired log
     not_started: int = 0
     outcome_unknown: int = 0
@@ -187,18 +204,32 @@ def _check_balance(events: list[SessionEvent], problems: list[str]) -> None:
         problems.append(f"tool call {call_id!r} has no result")
 
 
-async def verify(root: Path, *, resume: bool = True, check_effects: bool = True, compression: str = "none") -> Verdict:
+async def _readable_without_keys(backend_cls: Any, root: Path, compression: str) -> bool:
+    """Whether a backend without keys reads the stored events (it must not, for a sealed log with events)."""
+    try:
+        stored = await backend_cls(root / "sessions", compression=compression).load_stored(SESSION_ID)
+    except SessionKeyError:
+        return False
+    return stored is not None and bool(stored.events)
+
+
+async def verify(
+    root: Path, *, resume: bool = True, check_effects: bool = True, compression: str = "none", sealed: bool = False
+) -> Verdict:
     """Reload ``root`` in a fresh host and check the invariants (see the module docstring)."""
-    verdict = Verdict(compression=compression)
+    verdict = Verdict(compression=compression, sealed=sealed)
     host = Host()
     host.load_entrypoints()
     store = SessionStore(host)
     backend_cls: Any = host.dsh_session_backends()["jsonl"]
-    backend = backend_cls(root / "sessions", compression=compression)
+    keys = backend_cls.key_options("env", KEYS_ENV) if sealed else {}
+    backend = backend_cls(root / "sessions", compression=compression, **keys)
+    if sealed and await _readable_without_keys(backend_cls, root, compression):
+        verdict.lost.append("the sealed child's log reads without its keys: it was stored in plaintext")
     async with PersistenceCoordinator(host, backend) as coordinator:
         try:
             stored = await backend.load_stored(SESSION_ID)
-        except SessionPersistenceCorruptionError as exc:
+        except (SessionPersistenceCorruptionError, SessionDecryptError, SessionKeyError) as exc:
             verdict.damaged = str(exc)
             return verdict
         stored_events = [] if stored is None else list(stored.events)
@@ -266,12 +297,14 @@ async def verify(root: Path, *, resume: bool = True, check_effects: bool = True,
 
 
 def verify_sync(root: Path, **kw: Any) -> Verdict:
+    if kw.get("sealed"):
+        os.environ.setdefault(KEYS_ENV, CRASH_KEYS)  # the verifying side reads the same keys as the child
     return anyio.run(lambda: verify(root, **kw))
 
 
-def torture_once(root: Path, seed: int) -> Verdict:
-    """One random kill: window, event loop and delay derived from ``seed``, the encoding alternating with it;
-    then :func:`verify`."""
+def torture_once(root: Path, seed: int, *, sealed: bool = False) -> Verdict:
+    """One random kill: window, event loop and delay derived from ``seed``, the encoding alternating with it
+    (``sealed``: on an encrypting backend); then :func:`verify`."""
     rng = random.Random(seed)
     window = rng.choice([1, 5, 20, 200, 2000])
     backend = rng.choice(["asyncio", "trio"])
@@ -284,14 +317,16 @@ def torture_once(root: Path, seed: int) -> Verdict:
         backend=backend,
         kill_delay=rng.random() * 0.25,
         compression=compression,
+        sealed=sealed,
     )
-    return verify_sync(root, compression=compression)
+    return verify_sync(root, compression=compression, sealed=sealed)
 
 
 def dump(verdict: Verdict) -> str:
     return json.dumps(
         {
             "compression": verdict.compression,
+            "sealed": verdict.sealed,
             "types": verdict.types(),
             "lost": verdict.lost,
             "unbalanced": verdict.unbalanced,

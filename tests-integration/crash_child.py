@@ -1,7 +1,10 @@
 """Crash child: run a scripted agent on the JSONL backend until the parent SIGKILLs it (spec/policy.md §3).
 
 Usage: ``python crash_child.py <mode> <root> <marker> [--no-policy] [--window-ms N] [--seed S] [--backend B]
-[--compression zstd|none]``
+[--compression zstd|none] [--sealed]``
+
+``--sealed``: the JSONL backend encrypts every batch, with the keys of the environment variable ``DSH_CRASH_KEYS``
+(given to it through the backend class's ``key_options``, the path ``dsh-sessions --key-env`` takes).
 
 Modes (the marker text the child writes once it reached the kill point, then it blocks):
 
@@ -52,6 +55,7 @@ from dsh.session_persistence.testing import (
 )
 
 SESSION_ID = "semantic-checkpoint-crash"
+KEYS_ENV = "DSH_CRASH_KEYS"
 POLICY_PLUGIN = "session-checkpoint-policy"
 MARKERS = {
     "request": "request-dispatched",
@@ -144,7 +148,8 @@ async def run(args: argparse.Namespace) -> None:
         host.unregister(name=POLICY_PLUGIN)
     store = AckingStore(host, root / "acks")
     backend_cls: Any = host.dsh_session_backends()["jsonl"]
-    backend = backend_cls(root / "sessions", compression=args.compression)
+    keys = backend_cls.key_options("env", KEYS_ENV) if args.sealed else {}
+    backend = backend_cls(root / "sessions", compression=args.compression, **keys)
     rng = random.Random(args.seed)
 
     async def block_after_marker(text: str) -> None:
@@ -235,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     parser.add_argument("--compression", choices=["zstd", "none"], default="none")
+    parser.add_argument("--sealed", action="store_true")
     args = parser.parse_args(argv)
     anyio.run(run, args, backend=args.backend)
 

@@ -18,10 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from dsh.session_persistence import Host, PersistenceCoordinator, Session, SessionStore, hookimpl
+from dsh.session_persistence import (
+    Host,
+    PersistenceCoordinator,
+    Session,
+    SessionStore,
+    aborted_before_dispatch_result,
+    hookimpl,
+)
 from dsh.session_persistence.backend import event_to_builtins
 from dsh.session_persistence.events import SessionEvent
-from dsh.session_persistence.loop import TurnResult
+from dsh.session_persistence.loop import AgentLoop, TurnResult
+from dsh.session_persistence.testing import ScriptedAdapter
 
 POLICY_PLUGIN = "session-checkpoint-policy"
 LONG_WINDOW_MS = 600_000
@@ -135,3 +143,36 @@ async def wait_until(predicate: Any) -> None:
     with anyio.fail_after(10):
         while not predicate():  # noqa: ASYNC110
             await anyio.sleep(0.001)
+
+
+# The agent-loop tests' shared pieces (test_agent_loop*.py).
+
+SID = "work"
+ABORTED_BEFORE_DISPATCH = aborted_before_dispatch_result().to_builtins()
+
+
+def make_loop(stack: Stack, adapter: ScriptedAdapter, tools: list[Any] | None = None, **kw: Any) -> AgentLoop:
+    return AgentLoop(
+        stack.host, stack.store, adapter, tools or [], provider="scripted", model="m1", session_id=SID, **kw
+    )
+
+
+def result_of(event: SessionEvent) -> dict[str, Any]:
+    """A tool/result's result block as ``{"content", "is_error"}`` (comparable with ``to_builtins()``)."""
+    block = data(event)["message"]["content"][0]
+    return {"content": block["content"], "is_error": block.get("isError", False)}
+
+
+class ReadingTool:
+    """A tool whose body reads the durable log at dispatch (scenario 27)."""
+
+    parallel = False
+
+    def __init__(self, stack: Stack, name: str = "probe") -> None:
+        self.stack = stack
+        self.name = name
+        self.seen: list[list[str]] = []
+
+    async def run(self, arguments: Any, call_id: str, signal: Any) -> str:
+        self.seen.append(await self.stack.durable_types(SID))
+        return "read"

@@ -10,8 +10,8 @@ and reports medians and ratios of medians::
 Figures: see ``docs/benchmarks.md``. A package run as a directory (``python tools/bench``): this ``__main__`` parses
 the options and runs the sections, one module each (``bench_writes``: 1 and 6, ``bench_commits``: 2 and 8,
 ``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10,
-``bench_fleet``: 11); Python puts this directory first on ``sys.path`` when it runs it, which is how they import
-each other.
+``bench_sealed``: 11, ``bench_fleet``: 12); Python puts this directory first on ``sys.path`` when it runs it,
+which is how they import each other.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from bench_load import _load_child, load_section
 from bench_loop import loop_section
 from bench_peers import peer_status
 from bench_pg import _pg_writer_child, postgres_section
+from bench_sealed import sealed_section
 from bench_writes import size_section, write_section
 
 
@@ -64,6 +65,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         await loop_section(cfg, report, scratch)
         size_section(report, written)
         await load_section(cfg, report, scratch)
+        if not args.no_sealed:
+            await sealed_section(cfg, report, scratch)
         await flush_section(cfg, report, scratch)
         await list_section(cfg, report, scratch)
 
@@ -85,7 +88,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_fleet(args: argparse.Namespace, report: Report, scratch: str) -> None:
-    """Section 11 with this run's sizes: quick is a smoke (N = 3, times scaled by 0.1, one process per loop)."""
+    """Section 12 with this run's sizes: quick is a smoke (N = 3, times scaled by 0.1, one process per loop)."""
     peers = not args.no_peers and peer_status()["sqlitesession"] == "ok"
     if args.quick and not args.fleet_sessions:
         fleet_section(report, scratch, sessions=(3,), seconds=0.25, scale=0.1, one_process=True, peers=peers)
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reps", type=int, default=0, help="repetitions per measurement (default: 5, quick: 2)")
     parser.add_argument("--dir", default=None, help="scratch directory parent (default: the system temp dir)")
+    parser.add_argument("--no-sealed", action="store_true", help="skip the encrypted-session ratios (section 11)")
     parser.add_argument("--no-many", action="store_true", help="skip the many-sessions load (section 8)")
     parser.add_argument(
         "--commits-only",
@@ -118,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--big", action="store_true", help="also the 1,000,000-event session: bounded-memory reads (section 9)"
     )
-    parser.add_argument("--no-fleet", action="store_true", help="skip the fleet of live sessions (section 11)")
-    parser.add_argument("--fleet-only", action="store_true", help="only the fleet of live sessions (section 11)")
+    parser.add_argument("--no-fleet", action="store_true", help="skip the fleet of live sessions (section 12)")
+    parser.add_argument("--fleet-only", action="store_true", help="only the fleet of live sessions (section 12)")
     parser.add_argument("--fleet-sessions", metavar="N,N", help="fleet sizes (default 1,100,1000)")
     parser.add_argument("--fleet-seconds", type=float, default=10.0, help="seconds per fleet cell (default 10)")
     parser.add_argument("--_fleet-child", help=argparse.SUPPRESS)

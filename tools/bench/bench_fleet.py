@@ -1,4 +1,4 @@
-"""Section 11: a fleet of live sessions in one process, at a realistic and an aggressive rate (issue #24).
+"""Section 12: a fleet of live sessions in one process, at a realistic and an aggressive rate (issue #24).
 
 Each of ``n`` sessions is an agent task on one event loop:
 
@@ -451,11 +451,11 @@ def fleet_section(
     one_process: bool = False,
     peers: bool = True,
 ) -> None:
-    """11. The fleet: every system at every N and rate, asyncio and trio, each cell in a fresh process (in
+    """12. The fleet: every system at every N and rate, asyncio and trio, each cell in a fresh process (in
     ``one_process`` mode, one process per loop: the quick smoke run)."""
     f = report.figures
     print(
-        f"\n11. fleet: N = {', '.join(map(str, sessions))}; realistic (a step every {2 * scale:g} s) and aggressive "
+        f"\n12. fleet: N = {', '.join(map(str, sessions))}; realistic (a step every {2 * scale:g} s) and aggressive "
         f"(a chunk every {10 * scale:g} ms, a barrier every {100 * scale:g} ms); {seconds:g} s per cell",
         flush=True,
     )

@@ -46,3 +46,13 @@ def test_a_reviewed_test_that_passes_is_reported_and_pytest_errors_propagate() -
     assert status == 0 and any("passing now" in line and "test_b" in line for line in lines)
     assert t.verdict(2, "ERROR collecting", reviewed)[0] == 2  # pytest could not run the tests
     assert t.verdict(1, "1 failed in 1s", reviewed)[0] == 1  # a failure the report does not name
+
+
+def test_a_failure_inside_a_test_class_counts() -> None:
+    # The SDK's compaction tests live in classes: "path::TestClass::test_name" must be read as test_name.
+    t = tool()
+    failed = "FAILED tests/memory/test_openai_responses_compaction_session.py::TestCompaction::test_new_one[x] - boom"
+    status, lines = t.verdict(1, f"{failed}\n1 failed, 9 passed in 3s", {"test_reviewed": "why"})
+    assert status == 1 and "test_new_one" in lines[-1]
+    status, _ = t.verdict(1, f"{failed}\n1 failed in 3s", {"test_new_one": "why"})
+    assert status == 0

@@ -1,8 +1,9 @@
-"""The JSONL writer lease on real files: a kernel ``flock`` on ``session.lock`` beside the transcript.
+"""The JSONL writer lease on real files: ``session.lock``'s ``flock`` and the session directory's anchor.
 
 Checked from outside the lease code: another open file description (a second backend instance) and another
 process (a plain ``flock`` in a subprocess) both find the file locked while a lease is held, the file names the
-holder's pid and host, and releasing (or the holder dying) frees it.
+holder's pid and host, and releasing (or the holder dying) frees it; with the file deleted or replaced, the
+anchor still refuses a second instance and the probe still finds the holder from another process.
 """
 
 from __future__ import annotations
@@ -56,3 +57,62 @@ async def test_the_lease_is_a_kernel_lock_beside_the_transcript(tmp_path: Path) 
     assert probe(lock) == "free"
     again = await JsonlBackend(tmp_path / "root").acquire_writer_lease(header)
     await again.release()
+
+
+_PROBE_HOLDER = """
+import sys, anyio
+from dsh.session_persistence.testing import meta
+from dsh.session_persistence_jsonl import JsonlBackend
+backend = JsonlBackend(sys.argv[1])
+for _ in sys.stdin:
+    print(repr(anyio.run(backend.writer_lease_holder, meta(sys.argv[2], "/w"))), flush=True)
+"""
+
+
+class ProbeElsewhere:
+    """The lease probe (the CLI's live listing) run in another process, once per call."""
+
+    def __init__(self, root: Path, session_id: str) -> None:
+        argv = [sys.executable, "-c", _PROBE_HOLDER, str(root), session_id]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self) -> str:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("probe\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.proc.communicate(timeout=60)
+
+
+async def test_the_lease_outlives_its_lock_file(tmp_path: Path) -> None:
+    """The lock file deleted, then replaced, under a held lease: a second backend instance in this process is
+    still refused, the probe still finds the holder from another process (not in its own), and once released the
+    lease is free again."""
+    root = tmp_path / "root"
+    header = meta("anchored", "/w")
+    lease = await JsonlBackend(root).acquire_writer_lease(header)
+    lock = Path(JsonlBackend(root).locate(header).path).parent / "session.lock"
+    probe_elsewhere = ProbeElsewhere(root, "anchored")
+    try:
+        assert probe_elsewhere() == repr(lease.holder)
+        lock.unlink()
+        with pytest.raises(SessionLockedError) as info:
+            await JsonlBackend(root).acquire_writer_lease(header)
+        assert info.value.holder is None  # the file that named it is gone: refused all the same, nameless
+        assert probe_elsewhere() == repr("")
+        lock.with_name("new").write_text(json.dumps({"pid": 1, "host": "elsewhere"}))
+        os.replace(lock.with_name("new"), lock)
+        with pytest.raises(SessionLockedError) as info:
+            await JsonlBackend(root).acquire_writer_lease(header)
+        assert info.value.holder is None  # a replacement nobody locks names nobody
+        assert probe_elsewhere() == repr("")
+        assert await JsonlBackend(root).writer_lease_holder(header) is None  # this process's own lease
+        await lease.release()
+        assert probe_elsewhere() == "None"
+        again = await JsonlBackend(root).acquire_writer_lease(header)
+        assert probe_elsewhere() == repr(again.holder)
+        await again.release()
+    finally:
+        probe_elsewhere.close()

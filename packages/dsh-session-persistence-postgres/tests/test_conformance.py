@@ -22,16 +22,6 @@ class TestPostgresConformance(BackendConformance):
 
     lease_holder_names_pid = True
 
-    async def test_backend_primitive_cancelled_at_any_checkpoint_is_all_or_nothing(
-        self, conformance: ConformanceRig, anyio_backend: object
-    ) -> None:
-        # Known regression found by the 0.3 landing gate, asyncio only (trio passes): the kit case hangs past the
-        # 300 s test timeout since the abandonable worker threads of issue 25 item 7 met the other 0.3 changes
-        # (the pg branch alone passed it). Open in issue 25; remove this override once it is found.
-        if "asyncio" in str(anyio_backend):
-            pytest.skip("hangs on asyncio since the 0.3 merges (issue 25, under investigation)")
-        await super().test_backend_primitive_cancelled_at_any_checkpoint_is_all_or_nothing(conformance)
-
     @pytest.fixture
     def conf_schema(self) -> str:
         return f"conf_{uuid.uuid4().hex[:16]}"

@@ -16,7 +16,7 @@ import anyio.to_thread
 import psycopg
 import pytest
 from dsh.session_persistence import PersistenceCoordinator
-from dsh.session_persistence.backend import StorageMetadata
+from dsh.session_persistence.backend import SessionStorageError, StorageMetadata
 from dsh.session_persistence.testing import ConformanceRig, meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 
@@ -141,3 +141,40 @@ async def test_a_deadline_releases_a_caller_of_the_coordinator(postgres_dsn: str
 
 async def _no_plant(*args: object, **kwargs: object) -> None:
     raise AssertionError("not used")
+
+
+async def test_a_reconnect_into_a_silent_server_is_bounded_by_connect_timeout(
+    proxy: PgProxy, proxy_dsn: str, postgres_dsn: str, schema: str
+) -> None:
+    """The connection string sets no connect_timeout, so the backend's default applies (the client deadline,
+    here 2 s). The one pooled connection goes silent and so does every new one (the proxy accepts and never
+    answers): the pool's reconnect attempt hangs in libpq's connect. Once the network is back (the hung attempt
+    is left open, not reset), a later call succeeds: the hung attempt ended at its connect_timeout and the pool
+    tried again. Without the bound the attempt waits forever, holds the pool's only slot, and no call ever
+    succeeds again (the loop below ends at the safety net)."""
+    dsn = proxy_dsn.replace("connect_timeout=10", "").strip()
+    assert "connect_timeout" not in dsn
+    storage = StorageMetadata(meta("ct"))
+    backend = PostgresBackend(
+        dsn, schema=schema, client_timeout=1, retry_timeout=1, statement_timeout=0.5, min_size=1, max_size=1
+    )
+    try:
+        await backend.append_batch(storage, one_turn_log(), False)
+        proxy.blackhole_new = True
+        assert proxy.blackhole() >= 1
+        with anyio.fail_after(SAFETY_NET), pytest.raises(SessionStorageError):
+            await backend.append_batch(storage, simple_turn(6, 2), True)  # dropped at client_timeout, in doubt
+        proxy.blackhole_new = False  # the reconnect already under way stays hung: only its timeout ends it
+        with anyio.fail_after(SAFETY_NET):
+            while True:
+                try:
+                    await backend.append_batch(storage, simple_turn(6, 2), True)
+                    break
+                except SessionStorageError:
+                    await anyio.sleep(0.2)  # no connection yet: the pool is still reconnecting
+            await backend.append_batch(storage, simple_turn(9, 3), True)
+    finally:
+        proxy.blackhole_new = False
+        proxy.close_all()
+        await backend.aclose()
+    assert await _stored(postgres_dsn, schema, "ct") == one_turn_log() + simple_turn(6, 2) + simple_turn(9, 3)

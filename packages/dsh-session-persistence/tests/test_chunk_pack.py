@@ -9,10 +9,17 @@ must give exactly the reference bytes.
 from __future__ import annotations
 
 import enum
+import os
 from typing import Any
 
 import msgspec
-from dsh.session_persistence.backend import encode_storage_lines, pack_chunk_rows
+from dsh.session_persistence.backend import (
+    decode_storage_line,
+    decode_storage_lines,
+    encode_storage_lines,
+    expand_chunk_rows,
+    pack_chunk_rows,
+)
 from dsh.session_persistence.events import (
     AssistantChunk,
     AssistantChunkData,
@@ -134,3 +141,49 @@ def test_a_streamed_answer_packs_into_one_row_per_block() -> None:
     # The named first tool delta and the nameless rest are different runs: all three stay verbatim (run of 1 + 2).
     assert len(lines) == 2 + 3
     assert encode_storage_lines(events, pack_chunks=True) == reference(events)
+
+
+@st.composite
+def _stream(draw: st.DrawFn) -> list[Any]:
+    """A well-formed streamed batch: contiguous seqs, safe times, valid counts; deltas of a few blocks and kinds
+    (tool calls named and nameless), with boundary chunks and other events between the runs."""
+    seq = draw(st.integers(0, 5) | st.just(MAX - 40))
+    time = draw(st.integers(-MAX + 200, MAX - 5000))  # 40 events move it by at most 4,000
+    events: list[Any] = []
+    for _ in range(draw(st.integers(0, 40))):
+        shape = draw(st.integers(0, 12))
+        text = draw(st.sampled_from(["a", "b ", "", "ü", '{"x"']))
+        index = draw(st.integers(0, 1))
+        chunk: Any
+        if shape <= 4:
+            chunk = TextDeltaChunk(index=index, text=text)
+        elif shape <= 6:
+            chunk = ReasoningDeltaChunk(index=index, text=text)
+        elif shape <= 9:
+            name = draw(st.sampled_from([msgspec.UNSET, "read"]))
+            chunk = ToolCallDeltaChunk(index=index, id="c1", arguments_delta=text, name=name)
+        elif shape == 10:
+            chunk = BlockStartChunk(index=index, block_type="text")
+        elif shape == 11:
+            chunk = FinishChunk(reason=FinishReason(kind="stop"))
+        else:
+            events.append(TurnStart(seq=seq, time=time, data=TurnStartData(turn=1)))
+            seq += 1
+            continue
+        events.append(AssistantChunk(seq=seq, time=time, data=AssistantChunkData(turn=1, step=1, chunk=chunk)))
+        seq += 1
+        time += draw(st.integers(-3, 3) | st.just(100))
+    return events
+
+
+@settings(max_examples=1000 if os.environ.get("DSH_LONG") == "1" else 50, deadline=None)
+@given(_stream())
+def test_every_reader_unpacks_what_the_packer_wrote(events: list[Any]) -> None:
+    """Round trip through the one packer and the one unpacker, on every reading path: the batch decoder, the line
+    decoder and the plain-JSON expansion give back the events (and the plain packer writes the same bytes)."""
+    stored = encode_storage_lines(events, pack_chunks=True)
+    assert stored == (reference(events) if events else b"")
+    assert decode_storage_lines(stored) == events
+    lines = stored.split(b"\n")[:-1]
+    assert [e for line in lines for e in decode_storage_line(line)] == events
+    assert expand_chunk_rows([msgspec.json.decode(line) for line in lines]) == msgspec.to_builtins(events)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +105,11 @@ EXISTING: dict[str, tuple[Callable[[], bool], str]] = {
     ),
     "retention": (lambda: hasattr(PersistenceCoordinator, "prune"), r"no [^.]*retention|没有[^。]*保留策略"),
     "paging": (lambda: hasattr(PersistenceCoordinator, "list_page"), r"unpaginated|不分页"),
+    "preparation cache": (
+        lambda: "prepared_session_cache_size" in inspect.signature(PersistenceCoordinator).parameters,
+        "no preparation cache|not built[^.]*preparation cache|preparation cache[^.]*forward compatibility"
+        "|尚无准备缓存|准备缓存\uff08",  # the zh text's full-width parenthesis
+    ),
     "rm/prune commands": (lambda: {"rm", "prune"} <= parser_commands(), r"out-of-band|带外"),
     # The PostgreSQL backend's own suite runs every async test on asyncio and trio.
     "postgres on trio": (lambda: True, r"asyncio[ -]only|PostgreSQL: asyncio|仅支持 asyncio"),

@@ -13,8 +13,8 @@ from dsh.session_persistence._wire.codec import (
     decode_event_line,
     encode_event,
     event_to_builtins,
-    first_refused_unknown,
 )
+from dsh.session_persistence._wire.versions import first_refused_unknown
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -9,8 +9,9 @@ from dsh.session_persistence._model.errors import TurnInvariantError
 from dsh.session_persistence._model.events import OpaqueEvent, SessionEvent
 from dsh.session_persistence._model.repair import TOOL_NOT_STARTED
 from dsh.session_persistence._model.validator import TurnValidator, validate_turns
-from dsh.session_persistence._wire.codec import decode_event, first_refused_unknown
+from dsh.session_persistence._wire.codec import decode_event
 from dsh.session_persistence._wire.contiguity import first_seq_gap
+from dsh.session_persistence._wire.versions import first_refused_unknown
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -68,3 +68,11 @@ def test_a_planted_upward_import_is_found(tmp_path: Path, planted: str) -> None:
         (root / wing / "__init__.py").write_text("")
     (root / "_model" / "planted.py").write_text(planted.replace("(_coordinator)", "_coordinator"))
     assert [v.split(" imports")[0] for v in wing_violations(root)] == ["_model/planted.py"]
+
+
+def test_values_spell_out_the_json_safe_bound() -> None:
+    # _model.values imports nothing of the core (one layer fewer under every event); its bound must stay jsonvalue's.
+    from dsh.session_persistence._model import jsonvalue, values
+
+    assert values.MAX_SAFE_INTEGER == jsonvalue.MAX_SAFE_INTEGER
+    assert _imported_wings(PACKAGE / "_model" / "values.py", ["dsh", "session_persistence", "_model"]) == set()

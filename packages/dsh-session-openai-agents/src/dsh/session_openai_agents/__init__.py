@@ -15,6 +15,7 @@ on the next run as the call's ``TOOL_OUTCOME_UNKNOWN`` output instead of a secon
 from __future__ import annotations
 
 from ._session import (
+    COMPACTION_EVENT,
     ITEM_EVENT,
     POP_EVENT,
     PROVIDER,
@@ -25,6 +26,7 @@ from ._session import (
 )
 
 __all__ = [
+    "COMPACTION_EVENT",
     "ITEM_EVENT",
     "POP_EVENT",
     "PROVIDER",

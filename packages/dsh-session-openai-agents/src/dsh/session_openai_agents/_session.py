@@ -12,15 +12,16 @@ returns), next to the first-class dsh events that say the same thing to dsh read
 * anything else (reasoning, hosted tool calls...): the verbatim event only.
 
 ``pop_item`` appends an ignorable ``openai-agents/pop`` record (the item is gone from ``get_items`` durably; the log
-stays append-only); ``clear_session`` cuts the log back to nothing with the coordinator's durable truncation.
+stays append-only); ``clear_session`` cuts the log back to nothing with the coordinator's durable truncation. The
+SDK's compaction (``OpenAIResponsesCompactionSession`` over a ``DshSession``) replaces history through the
+snapshot hooks it looks for, each an ``openai-agents/compaction`` record (:mod:`._history`).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -28,9 +29,12 @@ import anyio
 from agents import RunHooks
 from agents.memory.session_settings import SessionSettings, coerce_session_settings, resolve_session_limit
 from dsh.session_persistence import Session, SessionNotFoundError, SessionPersistenceError, Sessions
-from dsh.session_persistence.events import OpaqueEvent, ToolResult, TurnStart
+from dsh.session_persistence.events import TurnStart
+
+from ._history import COMPACTION_EVENT, ITEM_EVENT, POP_EVENT, CompactionSnapshot, Entry, Position, replay
 
 __all__ = [
+    "COMPACTION_EVENT",
     "ITEM_EVENT",
     "POP_EVENT",
     "PROVIDER",
@@ -40,10 +44,6 @@ __all__ = [
     "NotDurableWarning",
 ]
 
-#: The ignorable event type holding one SDK item verbatim (``{"item": ...}``).
-ITEM_EVENT = "openai-agents/item"
-#: The ignorable event type recording a ``pop_item`` (``{"itemSeq": <seq of the popped item's event>}``).
-POP_EVENT = "openai-agents/pop"
 #: The provider name recorded on assistant messages.
 PROVIDER = "openai-agents"
 
@@ -124,6 +124,7 @@ class DshSession:
         self._pending: set[tuple[str, str]] = set()  # recorded early, not yet saved by the SDK
         self._open_calls: dict[str, int] = {}  # call id -> tool/call seq, in the open turn
         self._turn: tuple[int, int] | None = None  # the open (turn, step) of a model response
+        self._version = 0  # bumped by every mutation: a compaction snapshot is stale once it moved
         self._closed = False
         self._hooked = False  # a DurableRunHooks was made for this object
         self._warned = False
@@ -192,7 +193,7 @@ class DshSession:
         limit = resolve_session_limit(limit, self.session_settings)
         async with self._lock:
             live = await self._session()
-            items = [item for _, item in self._items(live.events)]
+            items = [entry.item for entry in replay(live.events)]
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
         return items
@@ -209,18 +210,22 @@ class DshSession:
                     self._pending.discard(key)
                     continue
                 self._record(live, item)
+                self._version += 1
             await self.sessions.store.flush(live)
 
     async def pop_item(self) -> Any | None:
         """Remove the most recent item (durably) and return it; ``None`` when there is none."""
         async with self._lock:
             live = await self._session()
-            listed = self._items(live.events)
-            for seq, item in reversed(listed):
-                if seq is not None:
-                    live.append(POP_EVENT, {"itemSeq": seq}, ignorable=True)
+            for entry in reversed(replay(live.events)):
+                if entry.stored:
+                    seq, index = entry.position
+                    live.append(
+                        POP_EVENT, {"itemSeq": seq, "index": index} if index else {"itemSeq": seq}, ignorable=True
+                    )
+                    self._version += 1
                     await self.sessions.store.flush(live)
-                    return item
+                    return entry.item
             return None
 
     async def clear_session(self) -> None:
@@ -231,9 +236,61 @@ class DshSession:
             if len(live.events) > cut:
                 await self.sessions.persistence.truncate(live, cut)
                 live.truncate(cut)
+            self._version += 1
             self._pending.clear()
             self._open_calls.clear()
             self._turn = None
+
+    # ---------------------------------------------------------------------------------------------
+    # Compaction: the hooks the SDK's OpenAIResponsesCompactionSession looks for on the session it wraps
+
+    async def _get_compaction_snapshot(
+        self, limit: int, *, prune_prefix: Callable[[Any], bool] | None = None
+    ) -> CompactionSnapshot:
+        """The latest ``limit`` items, whether they are the whole history, and their atomic suffix replacement.
+
+        ``replace_suffix(start, output)`` writes one compaction record: the snapshot's items from ``start`` on give
+        way to ``output`` (and, with ``prune_prefix``, the leading run of items it accepts); it writes nothing and
+        returns ``False`` when the session changed after the snapshot. Automatic compaction under the runner uses
+        this (a bounded read: ``session_settings.limit`` does not hide history from it)."""
+        async with self._lock:
+            live = await self._session()
+            entries = replay(live.events)
+            version = self._version
+        window = entries[-limit:] if limit > 0 else []
+
+        async def replace_suffix(start: int, output: list[Any]) -> bool:
+            replaced = window[start:]
+            if not replaced:
+                return False
+            return await self._compact(replaced[0].position, output, version, prune_prefix)
+
+        return CompactionSnapshot([entry.item for entry in window], len(window) == len(entries), replace_suffix)
+
+    async def _atomic_replace_items(self, items: list[Any]) -> bool:
+        """Replace the whole history by ``items`` in one compaction record (the SDK's manual ``run_compaction``)."""
+        return await self._compact((0, 0), items, None, None)
+
+    async def _compact(
+        self, start: Position, output: list[Any], version: int | None, prune_prefix: Callable[[Any], bool] | None
+    ) -> bool:
+        async with self._lock:
+            live = await self._session()
+            if version is not None and version != self._version:
+                return False  # a write came after the snapshot: the SDK keeps the history as it is
+            data: dict[str, Any] = {"from": list(start), "items": [_plain(item) for item in output]}
+            if prune_prefix is not None:
+                last: Entry | None = None
+                for entry in replay(live.events):
+                    if entry.position >= start or not prune_prefix(entry.item):
+                        break
+                    last = entry
+                if last is not None:
+                    data["before"] = [last.position[0], last.position[1] + 1]
+            live.append(COMPACTION_EVENT, data, ignorable=True)
+            self._version += 1
+            await self.sessions.store.flush(live)
+            return True
 
     # ---------------------------------------------------------------------------------------------
     # Early recording (the hooks)
@@ -244,6 +301,7 @@ class DshSession:
             live = await self._session()
             items = [_plain(raw) for raw in output]
             self._response_turn(live, items, model)
+            self._version += 1
             for item in items:
                 key = _key(item)
                 if key is not None:
@@ -358,32 +416,6 @@ class DshSession:
             }
             live.append("user/message", message)
         live.append(ITEM_EVENT, {"item": item}, ignorable=True)
-
-    # ---------------------------------------------------------------------------------------------
-    # Reading
-
-    @staticmethod
-    def _items(events: Sequence[Any]) -> list[tuple[int | None, Any]]:
-        """``(seq, item)`` of every live item in order; a repaired call's synthesized output has seq ``None``."""
-        popped = {e.data.get("itemSeq") for e in events if type(e) is OpaqueEvent and e.type == POP_EVENT and e.data}
-        answered: set[str] = set()
-        for event in events:
-            if type(event) is OpaqueEvent and event.type == ITEM_EVENT:
-                item = event.data.get("item", {})
-                if item.get("type") == "function_call_output":
-                    answered.add(item.get("call_id"))
-        out: list[tuple[int | None, Any]] = []
-        for event in events:
-            if type(event) is OpaqueEvent and event.type == ITEM_EVENT:
-                if event.seq not in popped:
-                    out.append((event.seq, copy.deepcopy(event.data["item"])))
-            elif type(event) is ToolResult:
-                call_id = event.data.message.source.call_id  # type: ignore[union-attr]
-                if call_id not in answered:
-                    # Written by crash repair: the call was recorded, its output never was.
-                    text = "".join(getattr(b, "text", "") for blk in event.data.message.content for b in blk.content)  # type: ignore[union-attr]
-                    out.append((None, {"type": "function_call_output", "call_id": call_id, "output": text}))
-        return out
 
 
 class DurableRunHooks(RunHooks[Any]):

@@ -9,7 +9,7 @@ under the name ``"jsonl"`` (entry-point group ``dsh.session``).
 
 from __future__ import annotations
 
-from ._backend import JsonlBackend, SessionLogExistsError
+from ._facade import JsonlBackend, SessionLogExistsError
 from ._files.discovery import Damaged
 from ._format.v0 import TornTail
 from ._format.v1 import BatchTooLargeError

@@ -35,11 +35,12 @@ from ._files.fs import (
 )
 from ._files.held_append import HeldAppender
 from ._files.layout import transcript_path
+from ._files.lease import JsonlWriterLease
 from ._files.seq_guard import NextSeqCache
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
 from ._format.frames import Compression
 from ._format.records import corrupt, encode_header_line
-from ._format.sealed import BatchSeal, check_cipher_available, header_seal, seal_header_line
+from ._format.sealed import BatchSeal, check_cipher_available, seal_header_line
 from ._format.upgrade import current_header
 from ._format.v0 import DecodedLog, decode_raw_log, decode_zstd_log
 from ._format.v1 import (
@@ -138,6 +139,8 @@ class JsonlCore:
         self._appenders: dict[str, HeldAppender] = {}
         # Announces each session to the activity index's journal before this instance first writes it.
         self._activity = ActivityJournal(self.root)
+        # Session id -> the writer lease this instance holds for it (every write under it keeps its lock file).
+        self._leases: dict[str, JsonlWriterLease] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
         try:
             with os.scandir(self.root):
@@ -195,6 +198,9 @@ class JsonlCore:
         """``func``, remembering a write of ``session_id`` it leaves unsynced (see :meth:`_settle_unsynced`)."""
 
         def run() -> _T:
+            lease = self._leases.get(session_id)
+            if lease is not None:
+                lease.keep()  # a lock file deleted under the lease is put back before anything is written
             self._settle_unsynced(session_id)
             try:
                 return func()
@@ -280,9 +286,7 @@ class JsonlCore:
         line = encode_header_line(current_header(storage))
         seal = None
         if self.encryption is not None:
-            line = seal_header_line(line)
-            sealed = header_seal(line[:-1])
-            assert sealed is not None
+            line, sealed = seal_header_line(line)
             seal = BatchSeal(sealed, self.encryption, self.compression, self._path_for(storage.meta))
         if len(line) > min(HEADER_CAP, self.max_batch_bytes):
             raise BatchTooLargeError(f"the session header needs {len(line)} bytes, above {HEADER_CAP}")

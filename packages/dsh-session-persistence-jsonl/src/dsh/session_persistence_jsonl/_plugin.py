@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dsh.session_persistence.backend import hookimpl
 
-from ._backend import JsonlBackend
+from ._facade import JsonlBackend
 
 __all__ = ["dsh_session_backends"]
 

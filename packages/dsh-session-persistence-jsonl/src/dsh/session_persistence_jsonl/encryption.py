@@ -27,6 +27,17 @@ from typing import Protocol, runtime_checkable
 
 from dsh.session_persistence.backend import SessionPersistenceError
 
+try:  # a 0.3 core names the key errors, so its CLI tells a missing or wrong key from damage (exit 7)
+    from dsh.session_persistence.backend import SessionDecryptError, SessionKeyError
+except ImportError:  # a 0.2 core: the same classes, defined here
+
+    class SessionKeyError(SessionPersistenceError):  # type: ignore[no-redef]
+        """A key is missing or unusable: not provided for a sealed batch, malformed, or no current key."""
+
+    class SessionDecryptError(SessionPersistenceError):  # type: ignore[no-redef]
+        """A sealed batch fails authentication: the key is wrong, or its bytes were altered or moved."""
+
+
 __all__ = [
     "KEY_BYTES",
     "KEYS_ENV",
@@ -43,18 +54,6 @@ KEY_BYTES = 32
 #: The environment variable :meth:`StaticKeyProvider.from_env` reads by default.
 KEYS_ENV = "DSH_SESSION_KEYS"
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-
-class SessionKeyError(SessionPersistenceError):
-    """A key is missing or unusable: not provided for a sealed batch, malformed, or no current key to seal with."""
-
-
-class SessionDecryptError(SessionPersistenceError):
-    """A sealed batch fails authentication: the key is wrong, or its bytes were altered or moved (CRC recomputed).
-
-    Not a :class:`~dsh.session_persistence.backend.SessionPersistenceCorruptionError`: repair never offers to discard
-    a batch that a wrong key cannot open.
-    """
 
 
 @runtime_checkable

@@ -285,6 +285,7 @@ class PostgresBackend:
         if self._closed:
             return
         self._closed = True
+        self._chains.close()
         with anyio.CancelScope(shield=True):
             for lease in self._leases:  # leases the coordinator did not release end with the backend
                 await lease.release()

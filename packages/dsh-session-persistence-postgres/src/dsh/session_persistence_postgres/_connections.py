@@ -50,6 +50,10 @@ DEFAULT_CONNECT_TIMEOUT = 10
 #: libpq treats a connect_timeout below 2 seconds as 2.
 _MIN_CONNECT_TIMEOUT = 2
 
+#: At close, how long sending the server-side cancels of the connections still in use (abandoned calls') and
+#: waiting for their threads to give them back may take in all; then their sockets are shut down (seconds).
+_CLOSE_GRACE = 2.0
+
 
 def connect_timeout_for(client_deadline: float | None) -> int:
     """The default connect_timeout: 10 s, or the client deadline rounded up if that is shorter (at least 2 s)."""
@@ -294,6 +298,10 @@ class Connections:
             )
         self._opened = False
         self._configured_connect_timeout = self._read_connect_timeout()
+        # Connections handed out and not yet given back (by threads whose callers may have left), for close().
+        self._in_use_cond = threading.Condition()
+        self._in_use: set[Conn] = set()
+        self._closing = False
 
     def _connect_timeout(self) -> int | None:
         """The connect_timeout the connections are made with (``None``: libpq's default, no bound)."""
@@ -380,6 +388,7 @@ class Connections:
         conn, pooled = (self.connect_direct(wait), False) if direct else self._acquire(wait)
         restore_autocommit = False
         try:
+            self._lend(conn)
             if not conn.autocommit:
                 conn.autocommit = True
                 restore_autocommit = True
@@ -390,13 +399,13 @@ class Connections:
                 except psycopg.Error as exc:
                     if _connection_failed(conn, exc) or state["fired"]:
                         # Unknown state: never reuse it (the pool discards a closed connection).
-                        with contextlib.suppress(Exception):
-                            conn.close()
+                        self._close_lent(conn)
                         raise Lost(exc, state["fired"]) from exc
                     if conn.info.transaction_status != pq.TransactionStatus.IDLE:
                         conn.rollback()
                     raise
         finally:
+            self._given_back(conn)
             if restore_autocommit and not conn.closed:
                 with contextlib.suppress(psycopg.Error):
                     conn.autocommit = False
@@ -418,17 +427,64 @@ class Connections:
             check(conn)
         except psycopg.Error as exc:
             # Nothing of the caller's was sent yet.
-            with contextlib.suppress(Exception):
-                conn.close()
+            self._close_lent(conn)
             raise NotSent(exc, _connection_failed(conn, exc) or is_retryable_connect_error(exc)) from exc
         except BaseException:
-            with contextlib.suppress(Exception):
-                conn.close()
+            self._close_lent(conn)
             raise
         self._checked.add(conn)
 
+    def _lend(self, conn: Conn) -> None:
+        with self._in_use_cond:
+            if self._closing:
+                raise NotSent(PoolClosed("the backend is closed"), False)  # nothing was sent on it yet
+            self._in_use.add(conn)
+
+    def _close_lent(self, conn: Conn) -> None:
+        # Under the lock: close() never shuts down a descriptor that this close freed for reuse.
+        with self._in_use_cond:
+            self._in_use.discard(conn)
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _given_back(self, conn: Conn) -> None:
+        with self._in_use_cond:
+            self._in_use.discard(conn)
+            self._in_use_cond.notify_all()
+
     def close(self) -> None:
-        """Close the owned pool (a caller's pool stays open: it belongs to the caller)."""
+        """Stop what still runs on a connection, then close the owned pool (a caller's pool stays open).
+
+        A connection still in use belongs to a thread whose caller may have left (its deadline passed): that thread
+        would go on until the server answers, which may be never (a row lock held elsewhere with no
+        ``lock_timeout``, a silent network without ``client_timeout``), and keep the process from exiting. So its
+        server-side statement is cancelled (the server rolls it back and drops any lock wait) and, if the thread
+        has not given the connection back within a short grace, its socket is shut down (the thread wakes with an
+        error). Either way the outcome is what it would be for a lost connection: nothing acknowledged changes,
+        and a write whose caller still waits fails typed (in doubt if it was sent). Nothing new starts.
+        """
+        with self._in_use_cond:
+            self._closing = True
+            busy = list(self._in_use)
+        cancelled = False
+        deadline = time.monotonic() + _CLOSE_GRACE
+        for conn in busy:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                conn.cancel_safe(timeout=left)
+            except Exception:
+                continue  # a closed or unreachable server: the shutdown below wakes its thread
+            cancelled = True
+        with self._in_use_cond:
+            while cancelled and self._in_use and self._in_use_cond.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            for conn in self._in_use:
+                # Under the lock: a connection in the set is open and lent (see _close_lent), so its fd is its own.
+                if not conn.closed:
+                    with contextlib.suppress(Exception):
+                        _shutdown(conn.fileno())
         self._watchdog.stop()
         if not self._external and self._opened:
             self._pool.close()

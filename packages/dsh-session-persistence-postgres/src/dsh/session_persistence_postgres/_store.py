@@ -179,8 +179,9 @@ class SyncStore:
             _log.warning("PostgreSQL runs with %s: acknowledged events may be lost in a crash", listed)
 
     def close(self) -> None:
-        with self._start_lock:
-            self._closed = True
+        # Not under the start lock: a start still retrying (a thread whose caller left) holds it for up to
+        # retry_timeout; the closing connections refuse its next attempt.
+        self._closed = True
         self._connections.close()
 
     # -- reads ------------------------------------------------------------------------------------------

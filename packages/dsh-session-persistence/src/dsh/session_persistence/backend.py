@@ -34,6 +34,7 @@ from ._backends.protocol import (
     SupportsArtifactScan,
     SupportsCompact,
     SupportsDelete,
+    SupportsKeySources,
     SupportsLeaseProbe,
     SupportsListPage,
     SupportsLocate,
@@ -54,7 +55,9 @@ from ._model.errors import (
     SessionAlreadyExistsError,
     SessionChangedError,
     SessionCursorError,
+    SessionDecryptError,
     SessionFormatUnsupportedError,
+    SessionKeyError,
     SessionLiveError,
     SessionLockedError,
     SessionNeedsRepairError,
@@ -90,7 +93,6 @@ from ._wire.codec import (
     decode_event_line,
     encode_event,
     event_to_builtins,
-    first_refused_unknown,
 )
 from ._wire.contiguity import check_contiguous, first_seq_gap
 from ._wire.storage_lines import (
@@ -100,7 +102,7 @@ from ._wire.storage_lines import (
     decode_storage_lines_from,
     encode_storage_lines,
 )
-from ._wire.versions import check_format_version, refuse_unknown_events
+from ._wire.versions import check_format_version, first_refused_unknown, refuse_unknown_events
 
 __all__ = [
     "CHUNK_ROW_TAGS",
@@ -122,10 +124,12 @@ __all__ = [
     "SessionBackend",
     "SessionChangedError",
     "SessionCursorError",
+    "SessionDecryptError",
     "SessionEvent",
     "SessionFormatUnsupportedError",
     "SessionHeader",
     "SessionListing",
+    "SessionKeyError",
     "SessionLiveError",
     "SessionLocation",
     "SessionLockedError",
@@ -146,6 +150,7 @@ __all__ = [
     "SupportsArtifactScan",
     "SupportsCompact",
     "SupportsDelete",
+    "SupportsKeySources",
     "SupportsListPage",
     "SupportsLocate",
     "SupportsMaterializeHeader",

@@ -1,12 +1,31 @@
-"""The JSONL writer lease: an exclusive kernel lock on ``session.lock`` in the session's directory.
+"""The JSONL writer lease: a kernel lock on the session directory, and ``session.lock`` beside the transcript.
 
-``flock(LOCK_EX | LOCK_NB)`` on a descriptor of its own: the lock belongs to that open file description, so a
-second writer is refused whether it is another process or another backend instance in this one, and the
-kernel drops the lock when the holder closes it or dies (SIGKILL included): there is never a stale lock to
-clean up. The holder writes its pid and host name into the file so that a refused writer can name it; that
-text is informative only (the lock, not the text, decides). Taking the lease and writing (or reading) that text
-happen under a short exclusive ``flock`` of the session directory itself, so a refused writer never reads the
-file in the instant between the winner's lock and its write.
+Two locks, taken together under a short exclusive ``flock`` of the session directory (the *guard*, which 0.2
+writers take the same way, held for a few system calls only):
+
+* **The anchor**, which decides among 0.3 writers: an open-file-description (OFD) ``fcntl`` read lock on the
+  session directory itself, held for the lease's lifetime. A file beside the transcript can be deleted or
+  replaced while it is locked, and a lock on it then protects nothing: a second writer creates a fresh file,
+  locks that, and writes (issue 25: 12 of 12 runs). The directory cannot be removed while the session lives in
+  it, so a lock on it cannot be taken away that way. A directory cannot be opened for writing, so the anchor
+  is a *read* lock, and read locks do not exclude each other by themselves: a writer asks the kernel, under
+  the guard, whether anyone holds one (``F_OFD_GETLK`` for a write lock) and takes its own only if nobody
+  does. The guard makes that test-and-take atomic among writers, so two writers can never both hold the
+  anchor. It is an OFD lock, not ``flock``, because 0.2 writers take the guard with a *blocking*
+  ``flock(LOCK_EX)`` on the same directory: an ``flock`` held for the lease's lifetime would hang them, while
+  OFD and ``flock`` locks never conflict on Linux. An OFD lock belongs to its open file description, so a
+  second backend instance in this process is refused too, and the kernel drops it when the holder closes it
+  or dies (SIGKILL included): there is never a stale lock to clean up.
+* **``session.lock``**, ``flock(LOCK_EX | LOCK_NB)`` on a descriptor of its own, exactly as 0.2 takes it, so a
+  0.2 writer and a 0.3 writer of one session refuse each other (a 0.2 writer knows nothing of the anchor).
+  The holder writes its pid and host name into the file so that a refused writer can name it; that text is
+  informative only (the locks, not the text, decide), so failing to write it never fails the lease.
+
+A *0.2* writer looks only at ``session.lock``, so while that file is deleted or replaced one can still get in.
+The holder narrows that to the moment between the deletion and its own next write: before every write it checks
+(one ``fstat``) that its lock file still has a name, and if not it locks a fresh one under the guard
+(:meth:`JsonlWriterLease.keep`); if a 0.2 writer locked the path first, the write is refused with
+``SessionLockedError`` instead of two writers writing. Stop 0.2 writers before anyone touches lock files.
 
 Blocking code for a worker thread.
 """
@@ -16,11 +35,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import stat
+import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from dsh.session_persistence.backend import SessionLockedError, SessionStorageError, UnsupportedOperationError
@@ -30,12 +52,45 @@ __all__ = ["LOCK_FILENAME", "JsonlWriterLease", "acquire_lease", "probe_holder",
 #: The lock file's name inside the session directory, next to the transcript.
 LOCK_FILENAME = "session.lock"
 
+_log = logging.getLogger("dsh.session_persistence_jsonl")
+
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _HOLDER_MAX = 4096
+
+# The anchor's lock calls (Linux 3.15+); where they are missing the lease is the lock file alone, as in 0.2.
+_OFD_GETLK: int | None = getattr(fcntl, "F_OFD_GETLK", None)
+_OFD_SETLK: int | None = getattr(fcntl, "F_OFD_SETLK", None)
+# ``struct flock``: l_type, l_whence, l_start, l_len, l_pid (native layout), padded for the kernel's copy.
+_FLOCK = "@hhqqi"
+_FLOCK_PAD = b"\0" * 16
+
+
+def _flock_arg(kind: int) -> bytes:
+    # The whole directory (start 0, length 0 = to the end); l_pid must be 0 for OFD locks.
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, 0, 0, 0) + _FLOCK_PAD
+
+
+def _anchor_held(dir_fd: int) -> bool:
+    """Whether any other open file description holds the anchor of the directory ``dir_fd`` is open on."""
+    assert _OFD_GETLK is not None
+    answer = fcntl.fcntl(dir_fd, _OFD_GETLK, _flock_arg(fcntl.F_WRLCK))
+    kind: int = struct.unpack_from(_FLOCK, answer)[0]
+    return kind != fcntl.F_UNLCK
+
+
+#: This process's anchors by directory (dev, ino): the kernel lists OFD locks without their process (pid -1), so
+#: the probe subtracts these to tell another writer from this process's own lease. The lock also orders the probe
+#: against this process taking or dropping an anchor.
+_own_anchors: Counter[tuple[int, int]] = Counter()
+_own_lock = threading.Lock()
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
 
 
 def _describe(info: object) -> str | None:
@@ -60,28 +115,47 @@ def read_holder(fd: int) -> str | None:
 _PROC_LOCKS = "/proc/locks"
 
 
-def _flock_held(st: os.stat_result) -> bool:
-    """Whether the kernel lists an exclusive ``flock`` another process holds on the file ``st`` describes (waiters,
-    ``->``, are not)."""
+def _lock_table() -> list[list[str]]:
     try:
         with open(_PROC_LOCKS, encoding="ascii", errors="replace") as table:
             lines = table.read().splitlines()
     except OSError as exc:
         raise UnsupportedOperationError(f"cannot read {_PROC_LOCKS} to see who holds a writer lease") from exc
-    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 6 or fields[1] == "->" or fields[1] != "FLOCK" or fields[3] != "WRITE":
-            continue
-        try:
-            if int(fields[4]) == os.getpid():
-                continue  # this process's own lease (e.g. the CLI's repair): not another writer
-            major, minor, inode = fields[5].split(":")
-            if (int(major, 16), int(minor, 16), int(inode)) == want:
-                return True
-        except ValueError:
-            continue
-    return False
+    # Waiters (``->``) hold nothing.
+    return [f for f in (line.split() for line in lines) if len(f) >= 6 and f[1] != "->"]
+
+
+def _table_ident(field: str) -> tuple[int, int, int] | None:
+    try:
+        major, minor, inode = field.split(":")
+        return (int(major, 16), int(minor, 16), int(inode))
+    except ValueError:
+        return None
+
+
+def _kernel_ident(st: os.stat_result) -> tuple[int, int, int]:
+    return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+
+
+def _held_elsewhere(file_st: os.stat_result | None, dir_st: os.stat_result) -> tuple[bool, bool]:
+    """(another writer holds the lease, the lock file at the path is the one locked): an exclusive ``flock`` on
+    the lock file held by another process, or more anchors on the directory than this process holds."""
+    want_file = _kernel_ident(file_st) if file_st is not None else None
+    want_dir = _kernel_ident(dir_st)
+    with _own_lock:
+        rows = _lock_table()
+        own = _own_anchors[_ident(dir_st)]
+    file_locked = file_elsewhere = False
+    anchors = 0
+    for fields in rows:
+        where = _table_ident(fields[5])
+        if fields[1] == "FLOCK" and fields[3] == "WRITE" and where is not None and where == want_file:
+            file_locked = True
+            # This process's own lease (e.g. the CLI's repair) is not another writer.
+            file_elsewhere = file_elsewhere or fields[4] != str(os.getpid())
+        elif fields[1] == "OFDLCK" and fields[3] == "READ" and where == want_dir:
+            anchors += 1
+    return (file_elsewhere or anchors > own, file_locked)
 
 
 def probe_holder(session_dir: str) -> str | None:
@@ -90,17 +164,29 @@ def probe_holder(session_dir: str) -> str | None:
     refused because of this look). ``UnsupportedOperationError`` where the kernel's lock table cannot be read."""
     path = os.path.join(session_dir, LOCK_FILENAME)
     try:
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+        dir_fd = os.open(session_dir, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC | _O_NOFOLLOW)
     except FileNotFoundError:
         return None  # never leased (or the session directory is gone)
     except OSError as exc:
-        raise SessionStorageError.from_os_error("reading the writer lease", exc, path) from exc
+        raise SessionStorageError.from_os_error("reading the writer lease", exc, session_dir) from exc
     try:
-        if not _flock_held(os.fstat(fd)):
-            return None
-        return read_holder(fd) or ""
+        try:
+            fd: int | None = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+        except FileNotFoundError:
+            fd = None  # deleted under a holder, or never leased: the anchor tells
+        except OSError as exc:
+            raise SessionStorageError.from_os_error("reading the writer lease", exc, path) from exc
+        try:
+            held, named = _held_elsewhere(os.fstat(fd) if fd is not None else None, os.fstat(dir_fd))
+            if not held:
+                return None
+            # Only a locked lock file's text names the holder (a replaced one names whoever wrote it).
+            return (read_holder(fd) if fd is not None and named else None) or ""
+        finally:
+            if fd is not None:
+                os.close(fd)
     finally:
-        os.close(fd)
+        os.close(dir_fd)
 
 
 #: How long a refused writer waits for the holder's name to appear (a holder that locked the file but has not
@@ -119,11 +205,15 @@ def _await_holder(fd: int) -> str | None:
 
 
 class JsonlWriterLease:
-    """A held JSONL writer lease: the locked descriptor, closed (and so unlocked) by :meth:`release`."""
+    """A held JSONL writer lease: the locked descriptors, closed (and so unlocked) by :meth:`release`."""
 
-    def __init__(self, fd: int, path: str, holder: str, inode: int = 0) -> None:
+    def __init__(
+        self, fd: int, path: str, holder: str, anchor: int | None = None, session_id: str = "", inode: int = 0
+    ) -> None:
         self._fd: int | None = fd
-        #: The lock file's inode (the activity index knows this writer's lock by it).
+        self._anchor = anchor
+        self._session_id = session_id
+        #: The lock file's inode when the lease was taken (the activity index knows this writer's lock by it).
         self.inode = inode
         self._lock = threading.Lock()
         self.path = path
@@ -140,22 +230,72 @@ class JsonlWriterLease:
         self._on_release.append(callback)
 
     def release_sync(self) -> None:
-        """Run the release callbacks, then close the descriptor, which releases the lock (idempotent)."""
+        """Run the release callbacks, then close the descriptors, which releases the locks (idempotent)."""
         with self._lock:
             fd, self._fd = self._fd, None
+            anchor, self._anchor = self._anchor, None
             callbacks, self._on_release = self._on_release, []
         for callback in callbacks:
             callback()
         if fd is not None:
             os.close(fd)
+        if anchor is not None:
+            _drop_anchor(anchor)
+
+    def keep(self) -> None:
+        """Before a write under this lease: put ``session.lock`` back if it was deleted or replaced (its inode has
+        no name left), locked by this lease again, so that a 0.2 writer, which sees only that file, is refused
+        again. :class:`SessionLockedError` (and nothing written) if a 0.2 writer locked the path meanwhile.
+
+        One ``fstat`` while the file is in place. 0.3 writers need none of this: the anchor refuses them.
+        """
+        with self._lock:
+            fd, anchor = self._fd, self._anchor
+            if fd is None or anchor is None or os.fstat(fd).st_nlink > 0:
+                return
+            self._fd = _relock(anchor, self.path, self._session_id)
+            os.close(fd)
+
+    @property
+    def anchored(self) -> bool:
+        """Whether this lease holds the session directory's anchor (Linux) besides ``session.lock``."""
+        return self._anchor is not None
 
     async def release(self) -> None:
-        """Release the lease (closing one descriptor never blocks, so no worker thread is needed)."""
+        """Release the lease (closing descriptors never blocks, so no worker thread is needed)."""
         self.release_sync()
 
     def __repr__(self) -> str:
         state = "released" if self._fd is None else "held"
         return f"<JsonlWriterLease {self.path!r} {state}>"
+
+
+def _take_anchor(dir_fd: int, dir_st: os.stat_result) -> None:
+    assert _OFD_SETLK is not None
+    with _own_lock:
+        fcntl.fcntl(dir_fd, _OFD_SETLK, _flock_arg(fcntl.F_RDLCK))
+        _own_anchors[_ident(dir_st)] += 1
+
+
+def _uncount(dir_st: os.stat_result) -> None:
+    key = _ident(dir_st)
+    _own_anchors[key] -= 1
+    if _own_anchors[key] <= 0:
+        del _own_anchors[key]
+
+
+def _forget_anchor(dir_st: os.stat_result) -> None:
+    with _own_lock:
+        _uncount(dir_st)
+
+
+def _drop_anchor(dir_fd: int) -> None:
+    # Uncounted and unlocked in one step, as the probe sees it.
+    with _own_lock:
+        try:
+            _uncount(os.fstat(dir_fd))
+        finally:
+            os.close(dir_fd)
 
 
 def _ensure_dirs(root: str, session_dir: str) -> None:
@@ -185,21 +325,49 @@ def acquire_lease(root: str, session_dir: str, session_id: str) -> JsonlWriterLe
     :class:`SessionLockedError` naming its holder at once (never waits)."""
     path = os.path.join(session_dir, LOCK_FILENAME)
     try:
-        _ensure_dirs(root, session_dir)
-        guard = os.open(session_dir, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC | _O_NOFOLLOW)
-        try:
-            # Held for a few system calls only (never while waiting for the other writer).
-            fcntl.flock(guard, fcntl.LOCK_EX)
-            return _acquire_locked(path, session_id)
-        finally:
-            os.close(guard)  # releases the guard
+        while True:
+            _ensure_dirs(root, session_dir)
+            dir_fd = os.open(session_dir, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC | _O_NOFOLLOW)
+            try:
+                # The guard: held for a few system calls only (never while waiting for the other writer).
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+                lease = _acquire_guarded(dir_fd, session_dir, path, session_id)
+            except BaseException:
+                os.close(dir_fd)  # releases the guard
+                raise
+            if lease is None:
+                os.close(dir_fd)  # the directory was removed meanwhile (a deletion): start again
+                continue
+            try:
+                if lease.anchored:
+                    # The guard goes; the anchor, an OFD lock on the same descriptor, stays (they never interact).
+                    fcntl.flock(dir_fd, fcntl.LOCK_UN)
+                else:
+                    os.close(dir_fd)
+            except BaseException:
+                lease.release_sync()
+                raise
+            return lease
     except OSError as exc:
         raise SessionStorageError.from_os_error("taking the writer lease", exc, path) from exc
 
 
-def _acquire_locked(path: str, session_id: str) -> JsonlWriterLease:
+def _acquire_guarded(dir_fd: int, session_dir: str, path: str, session_id: str) -> JsonlWriterLease | None:
+    """Under the guard: the lease, ``None`` if the directory locked is no longer the one at the path."""
+    try:
+        dir_st = os.fstat(dir_fd)
+        if _ident(os.lstat(session_dir)) != _ident(dir_st):
+            return None
+    except FileNotFoundError:
+        return None
+    anchored = _OFD_GETLK is not None and _OFD_SETLK is not None
+    if anchored and _anchor_held(dir_fd):
+        raise SessionLockedError(session_id, _named_holder(path)) from None
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
+        except FileNotFoundError:
+            return None  # the directory went after the check above (a deletion finishing): start again
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -209,23 +377,87 @@ def _acquire_locked(path: str, session_id: str) -> JsonlWriterLease:
         except BaseException:
             os.close(fd)
             raise
-        # The locked inode must still be the one at the path (a removed session directory would
-        # otherwise leave two writers locking two different files).
+        # The locked inode must still be the one at the path (a writer that skipped the guard, or a deletion,
+        # could have replaced it meanwhile).
         try:
             current = os.stat(path, follow_symlinks=False)
             mine = os.fstat(fd)
         except FileNotFoundError:
             os.close(fd)
             continue
-        if (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
+        if _ident(current) != _ident(mine):
             os.close(fd)
             continue
-        host = socket.gethostname()
-        pid = os.getpid()
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"pid": pid, "host": host}).encode(), 0)
+            if anchored:
+                _take_anchor(dir_fd, dir_st)
+            try:
+                holder = _write_holder(fd, path)
+            except BaseException:  # not an OSError (those are only logged): interrupted, give everything back
+                if anchored:
+                    _forget_anchor(dir_st)  # the lock itself goes with the descriptor, which the caller closes
+                raise
         except BaseException:
             os.close(fd)
             raise
-        return JsonlWriterLease(fd, path, _describe({"pid": pid, "host": host}) or f"pid {pid}", mine.st_ino)
+        return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None, session_id, mine.st_ino)
+
+
+def _relock(dir_fd: int, path: str, session_id: str) -> int:
+    """Under the guard, lock the file at ``path`` (created if missing) for a holder of the anchor ``dir_fd``."""
+    fcntl.flock(dir_fd, fcntl.LOCK_EX)  # the guard: 0.2 writers take the file under it too
+    try:
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = read_holder(fd)
+                os.close(fd)
+                raise SessionLockedError(session_id, holder) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                if _ident(os.stat(path, follow_symlinks=False)) == _ident(os.fstat(fd)):
+                    _write_holder(fd, path)
+                    return fd
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # replaced between the open and the lock: try the new one
+    finally:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
+
+
+def _named_holder(path: str) -> str | None:
+    """The holder a refused writer names: the lock file's text, if that file is still the locked one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+    except OSError:
+        return None  # deleted under its holder: nameless
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return read_holder(fd)  # locked: the holder's own text
+        except OSError:
+            return None
+        return None  # nobody locks this file: a replacement, whose text names nobody for sure
+    finally:
+        os.close(fd)  # drops the shared lock if it was taken
+
+
+def _write_holder(fd: int, path: str) -> str:
+    """Write this writer's name into the locked file and return it; best-effort (the text decides nothing)."""
+    pid, host = os.getpid(), socket.gethostname()
+    info = {"pid": pid, "host": host}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except OSError as exc:
+        # The lease is held all the same; a refused writer just cannot name this one.
+        _log.warning("writer lease held, but naming the holder in %s failed: %s", path, exc)
+    return _describe(info) or f"pid {pid}"

@@ -110,12 +110,20 @@ def header_seal(line: bytes) -> HeaderSeal | None:
     return HeaderSeal(str(obj.get("id")), hashlib.sha256(line).digest())
 
 
-def seal_header_line(line: bytes) -> bytes:
-    """The sealed form of a v1 header line (LF-terminated): version 2, a fresh random ``log`` in the marker."""
+def seal_header_line(line: bytes) -> tuple[bytes, HeaderSeal]:
+    """The sealed form of a header line (LF-terminated) and its seal: a fresh random ``log`` in the marker, and
+    version 2 for a v1 header.
+
+    A header of a version this build does not write (only planted ones: a newer or older format) keeps its
+    version, so its log is refused on read, before any batch, exactly as if written elsewhere; its batches are
+    sealed all the same.
+    """
     obj = _decoder.decode(line)
-    obj["version"] = SEALED_FORMAT_VERSION
+    if obj.get("version") == SESSION_FORMAT_VERSION:
+        obj["version"] = SEALED_FORMAT_VERSION
     obj["sealed"] = {"aead": AEAD_NAME, "log": os.urandom(16).hex()}
-    return _encoder.encode(obj) + b"\n"
+    sealed = _encoder.encode(obj)
+    return sealed + b"\n", HeaderSeal(str(obj.get("id")), hashlib.sha256(sealed).digest())
 
 
 def associated_data(seal: HeaderSeal, compression: Compression, first_seq: int, count: int) -> bytes:

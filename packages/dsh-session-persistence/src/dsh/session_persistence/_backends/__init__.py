@@ -1,2 +1,2 @@
-"""Storage seen from the core: the backend protocol and its value types, paged listing, which optional primitives
-a backend has, and the in-memory backend."""
+"""Storage seen from the core: the backend protocol and its value types (its optional primitives included), paged
+listing, and the in-memory backend."""

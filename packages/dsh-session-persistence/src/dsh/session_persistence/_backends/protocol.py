@@ -29,6 +29,7 @@ __all__ = [
     "SupportsArtifactScan",
     "SupportsCompact",
     "SupportsDelete",
+    "SupportsKeySources",
     "SupportsListPage",
     "SupportsSalvage",
     "SupportsAclose",
@@ -352,3 +353,18 @@ class SupportsWriterLease(Protocol):
     """
 
     async def acquire_writer_lease(self, meta: SessionHeader) -> WriterLease: ...
+
+
+@runtime_checkable
+class SupportsKeySources(Protocol):
+    """A backend *class* whose stores may be encrypted: it turns a key source named by a tool into constructor
+    options, so ``dsh-sessions --key-env NAME`` / ``--key-file PATH`` open encrypted stores without the core ever
+    seeing a key or a cipher.
+
+    ``key_options(kind, name)`` (``kind``: ``"env"``, an environment variable named ``name``; ``"file"``, a key
+    file at path ``name``) returns keyword arguments for the constructor. A source that holds no usable key
+    raises :class:`~dsh.session_persistence.SessionKeyError` naming the source, never the key bytes.
+    """
+
+    @classmethod
+    def key_options(cls, kind: str, name: str) -> dict[str, object]: ...

@@ -10,8 +10,8 @@ from .._host.host import Host
 from .._model.events import InterruptedReason
 from .._wire.codec import encode_event
 from ._context import Stack
-from ._errors import EXIT_DAMAGED, EXIT_OK, CliError
-from ._examine import SessionReport, examine
+from ._errors import EXIT_DAMAGED, EXIT_KEY, EXIT_OK, KEY_HINT, CliError
+from ._examine import KEY_STATUSES, SessionReport, examine
 from ._io import Io
 from ._output import human_size, local_time, table, write_json
 from ._salvage import salvage_events
@@ -22,9 +22,12 @@ __all__ = ["cmd_export", "cmd_list", "cmd_plugins", "cmd_show", "cmd_stats", "re
 
 
 def require_readable(report: SessionReport) -> None:
-    """Raise the ``EXIT_DAMAGED`` error for a corrupt or refused session."""
+    """Raise the ``EXIT_DAMAGED`` error for a corrupt or refused session (``EXIT_KEY``: no key opens it)."""
     if not report.recoverable:
-        raise CliError(report.message or f'session "{report.id}" cannot be read', EXIT_DAMAGED)
+        message = report.message or f'session "{report.id}" cannot be read'
+        if report.status == "no_key":
+            message += KEY_HINT
+        raise CliError(message, EXIT_KEY if report.status in KEY_STATUSES else EXIT_DAMAGED) from report.error
 
 
 async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:

@@ -3,6 +3,8 @@
 The root comes from ``--root``, else ``DSH_SESSIONS_ROOT``, else the user's XDG data directory
 (``$XDG_DATA_HOME/dsh-sessions``, or ``~/.local/share/dsh-sessions``); never the process's working directory.
 Backends are found through the ``dsh.session`` entry points (``Host.load_entrypoints`` + ``Host.dsh_session_backends``).
+Keys for encrypted stores (``--key-env NAME``, ``--key-file PATH``) are turned into constructor options by the
+backend class itself (``SupportsKeySources``): the core never reads a key or imports a cipher.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .._backends.protocol import SessionBackend
+from .._backends.protocol import SessionBackend, SupportsKeySources
 from .._coordinator.service import PersistenceCoordinator
 from .._host.host import Host
 from .._model.errors import SessionStorageError
@@ -22,9 +24,11 @@ from ._errors import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 
 __all__ = [
     "DEFAULT_BACKEND",
+    "KeySource",
     "Stack",
     "build_backend",
     "default_root",
+    "key_options",
     "load_host",
     "open_stack",
     "require_root",
@@ -102,8 +106,36 @@ def parse_options(pairs: list[str] | None) -> dict[str, str]:
     return out
 
 
-def build_backend(name: str, cls: type[object], root: str, options: Mapping[str, str]) -> SessionBackend:
-    """Construct backend ``cls``: a ``root`` parameter gets the session root, ``-o`` options the rest.
+#: ``("env", NAME)`` or ``("file", PATH)``: where ``--key-env`` / ``--key-file`` say the keys are.
+KeySource = tuple[str, str]
+
+
+def key_options(
+    name: str, cls: type[object], source: KeySource | None, options: Mapping[str, str]
+) -> dict[str, object]:
+    """The constructor options backend ``cls`` derives from ``source`` (none without one).
+
+    A backend class without ``key_options`` cannot open encrypted stores: a usage error, not a silent plaintext
+    open. Its own errors (a variable that is not set, a key file others can read) propagate typed
+    (``SessionKeyError``: exit 7).
+    """
+    if source is None:
+        return {}
+    candidate: object = cls  # the protocol describes the class object itself (a classmethod)
+    if not isinstance(candidate, SupportsKeySources):
+        raise CliError(f'backend "{name}" does not open encrypted stores (--key-env/--key-file)', EXIT_USAGE)
+    extra = candidate.key_options(*source)
+    clash = sorted(set(extra) & set(options))
+    if clash:
+        raise CliError(f"-o {clash[0]}=... and --key-{source[0]} both set the backend option {clash[0]!r}", EXIT_USAGE)
+    return extra
+
+
+def build_backend(
+    name: str, cls: type[object], root: str, options: Mapping[str, str], extra: Mapping[str, object] | None = None
+) -> SessionBackend:
+    """Construct backend ``cls``: a ``root`` parameter gets the session root, ``-o`` options the rest, ``extra``
+    (the key options) as given.
 
     Option values are converted to the type of the parameter's default (bool, int, float), else passed as text.
     """
@@ -120,6 +152,7 @@ def build_backend(name: str, cls: type[object], root: str, options: Mapping[str,
             raise CliError(f'backend "{name}" has no option "{key}" (its options: {known})', EXIT_USAGE)
         default = param.default if param is not None else None
         kwargs[key] = _coerce(key, raw, default)
+    kwargs.update(extra or {})
     if "root" in params and "root" not in kwargs:
         kwargs["root"] = root
     try:
@@ -155,6 +188,8 @@ class Stack:
     coordinator: PersistenceCoordinator
     backend_name: str
     root: str
+    #: Whether the backend was given keys (``--key-env``/``--key-file``).
+    keyed: bool = False
 
 
 def select_backend(host: Host, name: str | None) -> tuple[str, type[object]]:
@@ -206,11 +241,16 @@ def require_root(cls: type[object], root: str, options: Mapping[str, str]) -> No
 
 
 @asynccontextmanager
-async def open_stack(backend_name: str | None, root: str, options: Mapping[str, str]) -> AsyncIterator[Stack]:
-    """Host + chosen backend + coordinator, closed on exit."""
+async def open_stack(
+    backend_name: str | None, root: str, options: Mapping[str, str], keys: KeySource | None = None
+) -> AsyncIterator[Stack]:
+    """Host + chosen backend (given the keys of ``keys``, if any) + coordinator, closed on exit."""
     host = load_host()
     name, cls = select_backend(host, backend_name)
     require_root(cls, root, options)
-    backend = build_backend(name, cls, root, options)
+    extra = key_options(name, cls, keys, options)
+    backend = build_backend(name, cls, root, options, extra)
     async with PersistenceCoordinator(host, backend) as coordinator:
-        yield Stack(host=host, backend=backend, coordinator=coordinator, backend_name=name, root=root)
+        yield Stack(
+            host=host, backend=backend, coordinator=coordinator, backend_name=name, root=root, keyed=keys is not None
+        )

@@ -8,10 +8,12 @@ __all__ = [
     "EXIT_DEMO_FAILED",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
+    "EXIT_KEY",
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
+    "KEY_HINT",
     "CliError",
 ]
 
@@ -28,6 +30,11 @@ EXIT_UNAVAILABLE = 4
 EXIT_DECLINED = 5
 #: ``demo`` could not complete (the child did not reach its kill point, or the resumed log is not as expected).
 EXIT_DEMO_FAILED = 6
+#: An encrypted session cannot be opened: its key is not provided (or the key source holds none), or a batch fails
+#: authentication (the key is wrong, or its bytes were altered or moved). Never reported as damage.
+EXIT_KEY = 7
+#: Appended to a missing-key message: where the CLI takes keys from.
+KEY_HINT = " (give the store's keys: --key-env NAME or --key-file PATH)"
 #: A bug: an unexpected exception (run with ``DSH_SESSIONS_DEBUG=1`` for the traceback).
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from .._backends.protocol import SupportsLeaseProbe
 from .._model.errors import (
+    SessionDecryptError,
     SessionFormatUnsupportedError,
+    SessionKeyError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
@@ -24,11 +26,14 @@ from .._model.header import SessionHeader
 from .._model.views import SessionInspection
 from ._context import Stack
 
-__all__ = ["RECOVERABLE", "SessionReport", "TornInfo", "examine", "file_stat"]
+__all__ = ["KEY_STATUSES", "RECOVERABLE", "SessionReport", "TornInfo", "examine", "file_stat"]
 
 #: Statuses a cold load handles on its own (``verify`` exits 0 for them); ``live``: another process holds the
 #: session's writer lease and is writing it (an open turn there is work in progress, not a crash).
 RECOVERABLE = frozenset({"ok", "interrupted", "torn", "live"})
+#: An encrypted session this run cannot open: ``no_key`` (its key is not provided), ``auth_failed`` (a batch fails
+#: authentication: a wrong key, or altered bytes). Not damage (exit 7, not 1): the bytes may be intact.
+KEY_STATUSES = frozenset({"no_key", "auth_failed"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class SessionReport:
     header: SessionHeader | None = None
     #: ``ok`` | ``interrupted`` (an open turn: a load appends closers) | ``torn`` (torn tail, maybe also closers) |
     #: ``corrupt`` | ``unsupported`` (intact, but this build refuses its format) | ``live`` (being written: ``holder``)
+    #: | ``no_key`` / ``auth_failed`` (encrypted, and this run has no key that opens it: ``KEY_STATUSES``)
     status: str = "ok"
     message: str | None = None
     inspection: SessionInspection | None = None
@@ -62,6 +68,8 @@ class SessionReport:
     #: Who holds the writer lease when ``status`` is ``live`` (``""``: a writer that names none).
     holder: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    #: The typed error behind a ``no_key`` / ``auth_failed`` status (chained by the command that refuses).
+    error: SessionPersistenceError | None = None
 
     @property
     def recoverable(self) -> bool:
@@ -117,6 +125,10 @@ async def examine(stack: Stack, session_id: str, header: SessionHeader | None = 
         raise
     except SessionFormatUnsupportedError as exc:
         report.status, report.message = "unsupported", str(exc)
+    except SessionKeyError as exc:
+        report.status, report.message, report.error = "no_key", str(exc), exc
+    except SessionDecryptError as exc:
+        report.status, report.message, report.error = "auth_failed", str(exc), exc
     except SessionPersistenceCorruptionError as exc:
         report.status, report.message = "corrupt", _with_cause(exc)
     except SessionPersistenceError as exc:

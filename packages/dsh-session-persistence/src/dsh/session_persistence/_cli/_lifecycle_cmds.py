@@ -1,4 +1,4 @@
-"""The commands that delete or rewrite: ``rm``, ``prune`` and ``compact``.
+"""The commands that delete or rewrite: ``rm``, ``prune``, ``compact`` and ``re-encrypt``.
 
 Each one checks everything it can before it changes anything: ``rm a b`` with an unknown ``b`` deletes nothing,
 ``prune`` with a nonsense duration touches nothing, and deletions carry the revision seen when they were chosen,
@@ -20,7 +20,7 @@ from ._io import Io
 from ._output import Progress, human_size, iso_time, local_time, write_json
 from ._when import parse_duration
 
-__all__ = ["cmd_compact", "cmd_prune", "cmd_rm"]
+__all__ = ["cmd_compact", "cmd_prune", "cmd_reencrypt", "cmd_rm"]
 
 
 def _interactive(io: Io) -> bool:
@@ -148,6 +148,23 @@ def _show(io: Io, rows: list[SessionListing], verb: str) -> None:
 
 async def cmd_compact(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Rewrite a closed session's log as one batch (same events), atomically."""
+    return await _compact(args, stack, io, "compacted", "")
+
+
+async def cmd_reencrypt(args: argparse.Namespace, stack: Stack, io: Io) -> int:
+    """Re-seal a closed session under the current key: compaction by a backend given keys (the rewritten log is
+    written as a new encrypted log, every event sealed under the provider's current key), atomically, under the
+    writer lease. A plaintext session is encrypted. Without keys it is refused: it would write plaintext."""
+    if not stack.keyed:
+        raise CliError(
+            "re-encrypt needs the keys: --key-env NAME or --key-file PATH (the first key is the one it seals under); "
+            "nothing was written",
+            EXIT_USAGE,
+        )
+    return await _compact(args, stack, io, "re-encrypted", " under the current key")
+
+
+async def _compact(args: argparse.Namespace, stack: Stack, io: Io, verb: str, how: str) -> int:
     revision = await stack.backend.read_stored_revision(args.id)
     if revision is None:
         raise SessionNotFoundError(args.id)
@@ -164,5 +181,5 @@ async def cmd_compact(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         )
         return EXIT_OK
     sizes = f", {human_size(before)} -> {human_size(after)}" if before is not None else ""
-    io.out.write(f"compacted {result.session_id}: {result.event_count} events in one batch{sizes}\n")
+    io.out.write(f"{verb} {result.session_id}: {result.event_count} events in one batch{how}{sizes}\n")
     return EXIT_OK

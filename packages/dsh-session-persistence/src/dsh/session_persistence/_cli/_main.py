@@ -12,27 +12,31 @@ import anyio
 
 from .._model.errors import (
     LifecycleArgumentError,
+    SessionDecryptError,
     SessionFormatUnsupportedError,
+    SessionKeyError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
     SessionStorageError,
 )
 from ._commands import cmd_export, cmd_plugins, cmd_show, cmd_stats
-from ._context import ROOT_ENV, load_host, open_stack, parse_options, resolve_root, storage_message
+from ._context import ROOT_ENV, KeySource, load_host, open_stack, parse_options, resolve_root, storage_message
 from ._errors import (
     EXIT_DAMAGED,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_KEY,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
+    KEY_HINT,
     CliError,
 )
 from ._io import Io
 from ._json_errors import error_code, wants_json, write_error_json
-from ._lifecycle_cmds import cmd_compact, cmd_prune, cmd_rm
+from ._lifecycle_cmds import cmd_compact, cmd_prune, cmd_reencrypt, cmd_rm
 from ._list_cmd import cmd_list
 from ._verify import cmd_repair, cmd_verify
 
@@ -48,7 +52,8 @@ _EPILOG = f"""\
 root: --root, else ${ROOT_ENV}, else $XDG_DATA_HOME/dsh-sessions (~/.local/share/dsh-sessions).
 exit codes: 0 ok; 1 corrupt or unsupported data (verify: a session is not loadable), or a live or
 locked session; 2 usage error; 3 session not found; 4 storage unavailable (a missing root included);
-5 declined at the prompt; 6 demo failed; 70 internal error. With --json, errors are a JSON document
+5 declined at the prompt; 6 demo failed; 7 an encrypted session's key is not provided, or a batch
+fails authentication (wrong key, or altered bytes); 70 internal error. With --json, errors are a JSON document
 on stdout: {{"error": {{"code": ..., "exit": ..., "message": ...}}}}.
 """
 
@@ -72,6 +77,15 @@ def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
         metavar="KEY=VALUE",
         default=[] if top else argparse.SUPPRESS,
         help="backend constructor option, e.g. -o compression=none (repeatable)",
+    )
+    parser.add_argument(
+        "--key-env",
+        default=default,
+        metavar="NAME",
+        help="keys of an encrypted store from environment variable NAME (id:base64key,..., the first current)",
+    )
+    parser.add_argument(
+        "--key-file", default=default, metavar="PATH", help="keys of an encrypted store from a chmod-600 file"
     )
     parser.add_argument(
         "--json", action="store_true", default=False if top else argparse.SUPPRESS, help="machine-readable output"
@@ -133,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     command("compact", "rewrite a closed session's log as one batch (same events)").add_argument(
         "id", type=_session_id, help="session id"
     )
+    command(
+        "re-encrypt", "re-seal a closed session under the current key (as compact: one batch, atomically)"
+    ).add_argument("id", type=_session_id, help="session id")
     command("stats", "counts, bytes and compression ratio")
     command("plugins", "loaded dsh.session plugins, their distributions and hooks")
     demo = command("demo", "run a scripted agent, SIGKILL it mid-tool, resume it and show the repaired transcript")
@@ -184,6 +201,10 @@ def _classify(exc: BaseException, root: str | None) -> CliError | None:
         return exc
     if isinstance(exc, SessionNotFoundError):
         return CliError(str(exc), EXIT_NOT_FOUND)
+    if isinstance(exc, SessionKeyError):
+        return CliError(str(exc) + KEY_HINT, EXIT_KEY)
+    if isinstance(exc, SessionDecryptError):
+        return CliError(str(exc), EXIT_KEY)
     if isinstance(exc, LifecycleArgumentError):
         return CliError(str(exc), EXIT_USAGE)
     if isinstance(exc, SessionStorageError) and isinstance(exc.__cause__, OSError):
@@ -195,6 +216,15 @@ def _classify(exc: BaseException, root: str | None) -> CliError | None:
     if isinstance(exc, OSError):
         return CliError(storage_message(exc, root or "?"), EXIT_UNAVAILABLE)
     return None
+
+
+def _key_source(args: argparse.Namespace) -> KeySource | None:
+    env, file = getattr(args, "key_env", None), getattr(args, "key_file", None)
+    if env is not None and file is not None:
+        raise CliError("give --key-env or --key-file, not both", EXIT_USAGE)
+    if env is not None:
+        return ("env", env)
+    return None if file is None else ("file", file)
 
 
 async def _dispatch(args: argparse.Namespace, io: Io) -> int:
@@ -215,8 +245,9 @@ async def _dispatch(args: argparse.Namespace, io: Io) -> int:
         "rm": cmd_rm,
         "prune": cmd_prune,
         "compact": cmd_compact,
+        "re-encrypt": cmd_reencrypt,
     }
-    async with open_stack(args.backend, root, parse_options(args.backend_option)) as stack:
+    async with open_stack(args.backend, root, parse_options(args.backend_option), _key_source(args)) as stack:
         return await handlers[args.command](args, stack, io)
 
 

@@ -9,8 +9,8 @@ from .._coordinator.service import core_of
 from .._model.errors import SessionLockedError
 from ._context import Stack
 from ._discard import discard_damaged_tail
-from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_OK, EXIT_USAGE, CliError
-from ._examine import SessionReport, examine
+from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_KEY, EXIT_OK, EXIT_USAGE, CliError
+from ._examine import KEY_STATUSES, SessionReport, examine
 from ._io import Io
 from ._output import write_json
 from ._transcript import resume_facts, resume_lines
@@ -26,6 +26,8 @@ _LABELS = {
     "corrupt": "CORRUPT",
     "unsupported": "UNSUPPORTED",
     "live": "live",
+    "no_key": "NO KEY",
+    "auth_failed": "AUTH FAILED",
 }
 
 
@@ -51,13 +53,15 @@ def _with_resume(report: SessionReport) -> dict[str, object]:
 
 
 async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
-    """Check one or every session without modifying anything; exit 1 if any is corrupt or refused."""
+    """Check one or every session without modifying anything; exit 1 if any is corrupt or refused, else 7 if any
+    is encrypted under a key this run was not given (or fails authentication)."""
     if args.id is not None:
         reports = [await examine(stack, args.id)]
     else:
         reports = await verify_walk(stack, io)
     bad = [r for r in reports if not r.recoverable]
-    code = EXIT_DAMAGED if bad else EXIT_OK
+    # Damage outranks a missing key: a script that supplies the key must still learn that something is broken.
+    code = EXIT_DAMAGED if any(r.status not in KEY_STATUSES for r in bad) else EXIT_KEY if bad else EXIT_OK
     summary = Counter(r.status for r in reports)
     if args.json:
         write_json(
@@ -80,10 +84,12 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     parts = [f"{summary['ok']} ok", f"{recoverable} recoverable"]
     if summary["live"]:
         parts.append(f"{summary['live']} being written")
-    parts += [f"{n} {s}" for s, n in sorted(summary.items()) if s in ("corrupt", "unsupported")]
+    parts += [f"{n} {s}" for s, n in sorted(summary.items()) if s in ("corrupt", "unsupported", *KEY_STATUSES)]
     verdict = "FAILED" if bad else "passed"
     io.out.write(f"verify {verdict}: {len(reports)} session(s): {', '.join(parts)}\n")
-    if bad:
+    if any(r.status in KEY_STATUSES for r in bad):
+        io.out.write("encrypted sessions need their keys: --key-env NAME or --key-file PATH (see docs/operations.md)\n")
+    if any(r.status not in KEY_STATUSES for r in bad):
         io.out.write("nothing was written: damaged or unsupported logs are never modified (see docs/operations.md)\n")
     return code
 
@@ -121,6 +127,8 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if not report.recoverable and getattr(args, "discard_damaged_tail", False) and report.status == "corrupt":
         discarded = await discard_damaged_tail(stack, io, args.id, yes=args.yes, json=args.json, confirm=_confirm)
         report = await examine(stack, args.id)
+    if report.status in KEY_STATUSES:
+        raise CliError(f"cannot repair: {report.message} (nothing was written)", EXIT_KEY)
     if not report.recoverable:
         raise CliError(
             f"cannot repair: {report.message} (crash repair only closes interrupted turns and cuts torn tails; "

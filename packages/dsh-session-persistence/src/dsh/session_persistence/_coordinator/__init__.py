@@ -1,3 +1,4 @@
 """The persistence coordinator: the ``SessionPersistence`` service (``service``) over one shared core object
-(``state``), and its parts: the per-id FIFO, the write lease table, durable writes and in-doubt settlement, the
-cold path, the live path with its write-behind batching window, retirement and lifecycle."""
+(``state``, which also keeps the backend's resolved primitives and the writer lease table), and its parts: the
+per-id FIFO, durable writes and in-doubt settlement, the cold path, the live path with its write-behind batching
+window, retirement and lifecycle."""

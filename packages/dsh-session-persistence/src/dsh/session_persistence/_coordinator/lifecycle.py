@@ -17,10 +17,10 @@ from __future__ import annotations
 import builtins
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -42,10 +42,25 @@ from .._model.errors import (
     SessionNotFoundError,
     UnsupportedOperationError,
 )
-from .cold_path import prepare
 
 if TYPE_CHECKING:
+    from .._backends.protocol import StoredPrefix
+    from .._model.events import SessionEvent
     from .state import CoordinatorCore
+
+
+class PreparedRead(Protocol):
+    """What compaction reads of a validated cold read (``cold_path.Prepared``)."""
+
+    @property
+    def stored(self) -> StoredPrefix: ...
+
+    @property
+    def closers(self) -> list[SessionEvent]: ...
+
+
+#: The cold path's ``prepare``, handed in by the service: lifecycle stands beside the cold path, not above it.
+Prepare = Callable[["CoordinatorCore", str], Awaitable[PreparedRead]]
 
 __all__ = ["CompactResult", "PruneReport", "compact", "delete", "list_page", "prune"]
 
@@ -154,7 +169,7 @@ async def delete(core: CoordinatorCore, session_id: str, expected_revision: str 
     await core.chains.run(session_id, run)
 
 
-async def compact(core: CoordinatorCore, session_id: str) -> CompactResult:
+async def compact(core: CoordinatorCore, session_id: str, prepare: Prepare) -> CompactResult:
     """Rewrite a closed, cold session's log as one batch (same events, same header), atomically.
 
     Refused, with nothing written, for a live session (:class:`SessionLiveError`), a log that needs repair

@@ -10,22 +10,55 @@ from __future__ import annotations
 
 import builtins
 import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 
 from .._host.session import Session
-from .live_path import Live, LivePath, Spawn
 from .state import CoordinatorCore, Outcome
 
 __all__ = ["Retirement"]
 
+# Retirement is written against these shapes of the live path (``live_path.LivePath`` and its ``Live`` entries),
+# not against that module: the two stand side by side under the service in the import graph.
+
+
+class _Writes(Protocol):
+    @property
+    def has_work(self) -> bool: ...
+
+
+class LiveEntry(Protocol):
+    """One live Session's persistence, as retirement reads it."""
+
+    @property
+    def init(self) -> Outcome: ...
+
+    @property
+    def writes(self) -> _Writes: ...
+
+
+E = TypeVar("E", bound=LiveEntry)
+
+
+class LiveSessions(Protocol[E]):
+    """The live path, as retirement uses it: its entries by Session, and its flush."""
+
+    live: dict[Session, E]
+
+    def flush(self, session: Session) -> Awaitable[None]: ...
+
+
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
 _logger = logging.getLogger("dsh.session_persistence")
 
 
-class Retirement:
+class Retirement(Generic[E]):
     """Disposal of live Sessions and the final drain of one coordinator."""
 
-    def __init__(self, core: CoordinatorCore, live: LivePath, spawn: Spawn) -> None:
+    def __init__(self, core: CoordinatorCore, live: LiveSessions[E], spawn: Spawn) -> None:
         self.core = core
         self.live = live
         self.spawn = spawn
@@ -117,6 +150,6 @@ class Retirement:
                 await self.core.chains.wait_idle_step()
 
 
-def _never_bound(entry: Live | None, exc: Exception) -> bool:
+def _never_bound(entry: LiveEntry | None, exc: Exception) -> bool:
     """Whether ``exc`` is the Session's own failed initialization and no event of it is waiting to be written."""
     return entry is not None and entry.init.error is exc and not entry.writes.has_work

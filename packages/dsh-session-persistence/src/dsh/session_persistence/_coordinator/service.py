@@ -14,7 +14,8 @@ registers when it starts (``async with PersistenceCoordinator(host, backend) as 
 first thing on close. Background work (write-behind timers and writes, initialization, retirement) runs in a
 task group the coordinator owns, so a caller that is cancelled abandons only its own wait.
 
-Not implemented yet: ``prepare`` and ``borrow_session`` (the seed's names for reading through the preparation cache).
+The preparation cache (:mod:`.preparations`) has no calls of its own: a load right after ``inspect`` reuses the
+validated read; the seed's ``prepare`` and ``borrow_session`` are not exposed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -49,7 +50,7 @@ from .._model.views import SessionEventSuffix, SessionInspection
 from . import lifecycle as _lifecycle
 from .cold_path import cold_commit, iter_from, prepare, read_from
 from .durable import append, materialize, rewrite
-from .hooks import SessionHooks, owners_of
+from .hooks import SessionHooks
 from .inputs import check_create_meta, check_offset, snapshot_batch
 from .live_path import LivePath, live_view
 from .retirement import Retirement
@@ -454,7 +455,7 @@ class PersistenceCoordinator:
 
     async def compact(self, session_id: str) -> _lifecycle.CompactResult:
         """Rewrite a closed, cold session's log as one batch, atomically, under its writer lease."""
-        return await _lifecycle.compact(self._core, session_id)
+        return await _lifecycle.compact(self._core, session_id, prepare)
 
     async def prune(
         self,
@@ -469,11 +470,6 @@ class PersistenceCoordinator:
         return await _lifecycle.prune(
             self._core, older_than=older_than, keep_last=keep_last, dry_run=dry_run, now=now, progress=progress
         )
-
-
-def coordinators_of(host: Host) -> builtins.list[PersistenceCoordinator]:
-    """The open coordinators registered in ``host`` (in registration order)."""
-    return [cast(PersistenceCoordinator, owner) for owner in owners_of(host)]
 
 
 def core_of(coordinator: PersistenceCoordinator) -> CoordinatorCore:

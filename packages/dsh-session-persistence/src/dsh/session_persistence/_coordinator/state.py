@@ -1,27 +1,135 @@
 """What the coordinator keeps per session id and shares between its parts (FIFO chain, cold path, live path,
-retirement, durable writes): the durable bookkeeping of each id and the backend with its resolved primitives.
+retirement, durable writes): the durable bookkeeping of each id, the backend with its resolved primitives
+(:class:`Capabilities`) and the writer leases it holds (:class:`LeaseTable`).
+
+Leases: the coordinator takes a session's lease before its first write or adoption (and before a cold load
+commits repair or a rewrite runs) and keeps it until the session is disposed or the coordinator closes, so a
+second writer, in this process or another, is refused with :class:`SessionLockedError` before it writes
+anything. A backend without the lease primitive (see
+:class:`~dsh.session_persistence.backend.SupportsWriterLease`) keeps the 0.1 behaviour: every lease call is then
+a no-op and only the backend's own checks stop a second writer.
+
+Both live here, not in modules of their own, so the core object sits few layers above the model (the import
+graph's depth is measured by ``tools/import-graph``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from .._backends.capabilities import Capabilities
-from .._backends.protocol import SessionBackend, StorageMetadata
+from .._backends.protocol import (
+    RawArtifact,
+    SessionBackend,
+    SessionLocation,
+    StorageMetadata,
+    StoredSuffix,
+    SupportsAclose,
+    SupportsLocate,
+    SupportsMaterializeHeader,
+    SupportsRawArtifacts,
+    SupportsRewrite,
+    SupportsSeek,
+    SupportsStreamingRead,
+    SupportsWriterLease,
+    WriterLease,
+)
 from .._host.host import Host
 from .._host.session import Session
 from .._model.errors import SessionPersistenceError
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
 from .fifo import FifoChains
-from .leases import LeaseTable
 from .preparations import PreparationCache
 
-__all__ = ["CoordinatorCore", "Outcome", "PendingWrite", "SessionState"]
+__all__ = ["Capabilities", "CoordinatorCore", "LeaseTable", "Outcome", "PendingWrite", "SessionState"]
+
+_logger = logging.getLogger("dsh.session_persistence")
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The optional primitives of one backend (``None`` where it has none), resolved once when the coordinator
+    is built: each is a ``runtime_checkable`` protocol of :mod:`.._backends.protocol`, and keeping the bound
+    methods spares a ``getattr`` probe per call."""
+
+    seek: Callable[[str, int], Awaitable[StoredSuffix | None]] | None
+    stream: Callable[[str, int], AsyncIterator[StoredSuffix]] | None
+    materialize_header: Callable[[StorageMetadata], Awaitable[None]] | None
+    rewrite: Callable[[StorageMetadata, Sequence[SessionEvent]], Awaitable[None]] | None
+    locate: Callable[[SessionHeader], SessionLocation | None] | None
+    read_raw: Callable[[str], Awaitable[RawArtifact | None]] | None
+    aclose: Callable[[], Awaitable[None]] | None
+    acquire_writer_lease: Callable[[SessionHeader], Awaitable[WriterLease]] | None
+
+    @classmethod
+    def of(cls, backend: SessionBackend) -> Capabilities:
+        """Resolve every optional primitive of ``backend`` now."""
+        raw = backend.read_raw if isinstance(backend, SupportsRawArtifacts) and backend.supports_raw_artifacts else None
+        return cls(
+            seek=backend.load_stored_from if isinstance(backend, SupportsSeek) else None,
+            stream=backend.iter_stored if isinstance(backend, SupportsStreamingRead) else None,
+            materialize_header=backend.materialize_header if isinstance(backend, SupportsMaterializeHeader) else None,
+            rewrite=backend.rewrite if isinstance(backend, SupportsRewrite) else None,
+            locate=backend.locate if isinstance(backend, SupportsLocate) else None,
+            read_raw=raw,
+            aclose=backend.aclose if isinstance(backend, SupportsAclose) else None,
+            acquire_writer_lease=(backend.acquire_writer_lease if isinstance(backend, SupportsWriterLease) else None),
+        )
+
+
+Acquire = Callable[[SessionHeader], Awaitable[WriterLease]]
+
+
+class LeaseTable:
+    """Leases held by one coordinator, keyed by session id."""
+
+    def __init__(self, acquire: Acquire | None) -> None:
+        self._acquire = acquire
+        self.held: dict[str, WriterLease] = {}
+
+    @property
+    def supported(self) -> bool:
+        """Whether the backend has a lease primitive at all."""
+        return self._acquire is not None
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this coordinator holds ``session_id``'s lease (always true without a lease primitive)."""
+        return self._acquire is None or session_id in self.held
+
+    async def acquire(self, meta: SessionHeader) -> bool:
+        """Take the lease of ``meta.id`` unless already held; ``True`` when it was taken just now.
+
+        Raises :class:`~dsh.session_persistence.SessionLockedError` when another writer holds it.
+        """
+        if self.holds(meta.id):
+            return False
+        assert self._acquire is not None
+        with anyio.CancelScope(shield=True):
+            # Shielded: a lease taken by a cancelled caller must still be recorded, or nobody would release it.
+            self.held[meta.id] = await self._acquire(meta)
+        return True
+
+    async def release(self, session_id: str) -> None:
+        """Give the lease of ``session_id`` back (no-op when not held). A failed release is logged, not raised:
+        the lease is then released when the process exits."""
+        lease = self.held.pop(session_id, None)
+        if lease is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await lease.release()
+            except Exception as exc:
+                _logger.warning('writer lease of session "%s" could not be released: %s', session_id, exc)
+
+    async def release_all(self) -> None:
+        """Release every lease still held (coordinator teardown)."""
+        for session_id in list(self.held):
+            await self.release(session_id)
 
 
 @dataclass(frozen=True, slots=True)

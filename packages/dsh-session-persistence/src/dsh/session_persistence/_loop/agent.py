@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .._coordinator.service import coordinators_of
+from .._coordinator.hooks import owners_of
 from .._host.boundaries import (
     CancelSignal,
     PreStepDecision,
@@ -39,11 +39,21 @@ from .tools import tool_spec
 from .turn_result import TurnResult, turn_result
 
 if TYPE_CHECKING:
-    from .._coordinator.service import PersistenceCoordinator
     from .._host.host import Host
     from .._host.session import Session, SessionStore
+    from .._model.views import SessionInspection
 
-__all__ = ["AgentLoop"]
+__all__ = ["AgentLoop", "Persistence"]
+
+
+class Persistence(Protocol):
+    """What the loop needs of a persistence coordinator (a :class:`PersistenceCoordinator` is one): the balanced
+    view of a stored session, and a wait until a live session is bound to storage. The loop depends on this, not
+    on the coordinator's service module, so the two stand side by side in the import graph."""
+
+    async def load(self, session_id: str) -> SessionInspection: ...
+
+    async def wait_ready(self, session: Session) -> None: ...
 
 
 class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
@@ -133,7 +143,7 @@ class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
         cls,
         host: Host,
         store: SessionStore,
-        persistence: PersistenceCoordinator,
+        persistence: Persistence,
         session_id: str,
         adapter: ModelAdapter,
         tools: Iterable[Tool] = (),
@@ -330,8 +340,8 @@ class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
         if self._preflight_done:
             return
         try:
-            for persistence in coordinators_of(self.host):
-                await persistence.wait_ready(self._session)
+            for owner in owners_of(self.host):  # the open coordinators registered in the host
+                await cast(Persistence, owner).wait_ready(self._session)
         except SessionIdCollisionError as exc:
             self._abandon()
             raise SessionIdCollisionError(

@@ -11,15 +11,87 @@ import anyio
 from msgspec import UNSET
 
 from .._host.boundaries import CancelSignal, ModelRequest, TurnAborted
-from .._model.events import RequestContext
+from .._model.events import (
+    BlockEndChunk,
+    BlockStartChunk,
+    FinishChunk,
+    FinishReason,
+    ReasoningDeltaChunk,
+    RequestContext,
+    StreamChunk,
+    TextDeltaChunk,
+    ToolCallDeltaChunk,
+    UsageChunk,
+)
 from .protocols import LlmError, _aclose, _builtins
-from .runtime import Assembler
 
 if TYPE_CHECKING:
     from .._host.host import Host
     from .._host.session import Session
 
-__all__ = ["ModelSteps"]
+__all__ = ["Assembler", "ModelSteps"]
+
+
+class Assembler:
+    """Builds the assistant message's content blocks from stream chunks (by block index, in index order)."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[int, str] = {}
+        self.text: dict[int, list[str]] = {}
+        self.tool: dict[int, dict[str, Any]] = {}
+        self.done: dict[int, Any] = {}
+        self.usage: Any = None
+        self.finish: FinishReason | None = None
+
+    def feed(self, chunk: StreamChunk) -> None:
+        kind = type(chunk)
+        if kind is BlockStartChunk:
+            self.kinds[chunk.index] = chunk.block_type  # type: ignore[union-attr]
+        elif kind is TextDeltaChunk or kind is ReasoningDeltaChunk:
+            self.kinds.setdefault(chunk.index, "text" if kind is TextDeltaChunk else "reasoning")  # type: ignore[union-attr]
+            self.text.setdefault(chunk.index, []).append(chunk.text)  # type: ignore[union-attr]
+        elif kind is ToolCallDeltaChunk:
+            assert isinstance(chunk, ToolCallDeltaChunk)
+            self.kinds.setdefault(chunk.index, "tool-call")
+            entry = self.tool.setdefault(chunk.index, {"id": chunk.id, "name": "", "arguments": []})
+            if chunk.name is not UNSET:
+                entry["name"] = chunk.name
+            entry["arguments"].append(chunk.arguments_delta)
+        elif kind is BlockEndChunk:
+            assert isinstance(chunk, BlockEndChunk)
+            self.done[chunk.index] = _builtins(chunk.block)
+        elif kind is UsageChunk:
+            assert isinstance(chunk, UsageChunk)
+            self.usage = _builtins(chunk.usage)
+        elif kind is FinishChunk:
+            assert isinstance(chunk, FinishChunk)
+            self.finish = chunk.reason
+        else:
+            raise TypeError(f"model adapter yielded {type(chunk).__name__}, expected a StreamChunk struct")
+
+    def blocks(self, *, interrupted: bool) -> list[Any]:
+        """Content blocks in index order; interrupted: partial text kept, half-streamed tool calls dropped."""
+        out: list[Any] = []
+        for index in sorted(set(self.kinds) | set(self.done)):
+            if index in self.done:
+                out.append(self.done[index])
+                continue
+            kind = self.kinds.get(index)
+            if kind in ("text", "reasoning"):
+                text = "".join(self.text.get(index, ()))
+                if text:
+                    out.append({"type": kind, "text": text})
+            elif kind == "tool-call" and not interrupted and index in self.tool:
+                entry = self.tool[index]
+                out.append(
+                    {
+                        "type": "tool-call",
+                        "id": entry["id"],
+                        "name": entry["name"],
+                        "arguments": "".join(entry["arguments"]),
+                    }
+                )
+        return out
 
 
 class ModelSteps:

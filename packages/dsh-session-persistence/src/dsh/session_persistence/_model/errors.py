@@ -17,6 +17,8 @@ __all__ = [
     "ReentrantAppendError",
     "SessionChangedError",
     "SessionCursorError",
+    "SessionDecryptError",
+    "SessionKeyError",
     "SessionDisposeError",
     "SessionNeedsRepairError",
     "SessionLifecycleError",
@@ -113,6 +115,21 @@ class SessionStorageError(SessionPersistenceError):
         text = exc.strerror or str(exc) or type(exc).__name__
         message = f"{action} failed: {text}" + (f" ({where})" if where is not None else "")
         return cls(message, errno=exc.errno, path=None if where is None else str(where))
+
+
+class SessionKeyError(SessionPersistenceError):
+    """A key is missing or unusable: an encrypted log names a key the backend was not given, a key source is
+    unreadable or malformed, the cipher library is not installed, or there is no current key to encrypt with.
+
+    The message names the session and the batch (or the key source); it never shows key bytes.
+    """
+
+
+class SessionDecryptError(SessionPersistenceError):
+    """An encrypted batch fails authentication: the key is wrong, or its bytes were altered or moved.
+
+    Not a :class:`SessionPersistenceCorruptionError`: repair never offers to discard what a wrong key cannot open.
+    """
 
 
 class SessionWriteInDoubtError(SessionStorageError):

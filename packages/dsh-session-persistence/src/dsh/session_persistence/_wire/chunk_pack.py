@@ -5,8 +5,9 @@ A streamed answer is a long run of ``assistant/chunk`` structs. Packing them thr
 to dict, then the packer's whitelist checks on dicts) cost ~4 us per chunk, ten times the encoding itself. Here the
 same whitelist is read from the struct attributes. Only exact types are decided here: an attribute of any other
 type (a hand-built struct holding an ``IntEnum``, a dict chunk, ...) could convert differently to JSON, so that
-event is decided by the plain-JSON packer itself. The rule stays in :mod:`._chunk_rows`; the equivalence of the
-two paths (same bytes) is a tested property.
+event is decided by the plain-JSON key itself. The packing (runs to rows) is :func:`~.chunk_rows.pack_runs`, the
+one packer, fed with members read here; the equivalence with packing the plain-JSON form (same bytes) is a tested
+property.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from msgspec import UNSET
 
 from .._model.events import AssistantChunk, AssistantChunkData, ReasoningDeltaChunk, TextDeltaChunk, ToolCallDeltaChunk
 from .._model.jsonvalue import MAX_SAFE_INTEGER
-from .chunk_rows import ABSENT, MIN_RUN, build_row, run_key
+from .chunk_rows import ABSENT, Member, pack_runs, plain_member
 
 __all__ = ["encode_chunk_run"]
 
 _encoder = msgspec.json.Encoder()
 _Key = tuple[object, ...]
-# A member of a candidate run: its key, seq, time, delta text, and the event (for a verbatim line).
-_Member = tuple[_Key, int, int, str, AssistantChunk]
 _UNDECIDED = object()  # an attribute of an inexact type: the plain-JSON packer decides this event
 
 
@@ -114,7 +113,7 @@ def _fast_key(event: AssistantChunk) -> tuple[_Key, str] | None:
     return None
 
 
-def _member_of(event: AssistantChunk) -> _Member | None:
+def _member_of(event: AssistantChunk) -> Member | None:
     """The event as a run member, or ``None`` when it is a verbatim line."""
     decided: Any = _fast_key(event)
     if decided is None:
@@ -122,15 +121,9 @@ def _member_of(event: AssistantChunk) -> _Member | None:
         if decided is None:
             return None
     if decided is _UNDECIDED:
-        value: Any = msgspec.to_builtins(event)
-        key = run_key(value)
-        if key is None:
-            return None
-        chunk = value["data"]["chunk"]
-        delta = chunk["argumentsDelta"] if key[0] == "tool-call-delta" else chunk["text"]
-        return key, value["seq"], value["time"], delta, event
+        return plain_member(msgspec.to_builtins(event))
     key, delta = decided
-    return key, event.seq, event.time, delta, event
+    return key, event.seq, event.time, delta
 
 
 def _verbatim(event: AssistantChunk) -> bytes:
@@ -141,29 +134,7 @@ def _verbatim(event: AssistantChunk) -> bytes:
 def encode_chunk_run(events: Sequence[AssistantChunk]) -> list[bytes]:
     """The storage lines of consecutive ``assistant/chunk`` events: the same bytes as encoding each value of
     ``pack_chunk_rows(msgspec.to_builtins(events))``."""
-    lines: list[bytes] = []
-    run: list[_Member] = []
-
-    def flush() -> None:
-        if len(run) >= MIN_RUN:
-            key = run[0][0]
-            lines.append(_encoder.encode(build_row(key, [(m[1], m[2], m[3]) for m in run])))
-        else:
-            lines.extend(_verbatim(m[4]) for m in run)
-        run.clear()
-
-    for event in events:
-        member = _member_of(event)
-        if member is None:
-            flush()
-            lines.append(_verbatim(event))
-            continue
-        if run:
-            prev = run[-1]
-            if member[0] == prev[0] and member[1] == prev[1] + 1 and abs(member[2] - prev[2]) <= MAX_SAFE_INTEGER:
-                run.append(member)
-                continue
-            flush()
-        run.append(member)
-    flush()
-    return lines
+    return [
+        _encoder.encode(value) if type(value) is dict else _verbatim(value)  # type: ignore[arg-type]
+        for value in pack_runs(events, _member_of)
+    ]

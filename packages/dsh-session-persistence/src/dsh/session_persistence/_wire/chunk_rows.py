@@ -7,7 +7,10 @@ consecutive, same-block delta chunks by one row tagged ``text-chunks``, ``reason
 session events: readers expand them back to the exact original events, so packed, unpacked and mixed
 files load identically.
 
-Everything here works on plain JSON values (the event wire form ``{"type", "seq", "time", "data"}``).
+The rule lives here once: :func:`pack_runs` is the one packer (runs to rows, for plain-JSON events through
+:func:`pack_chunk_rows` and for typed events through :func:`~.chunk_pack.encode_chunk_run`) and
+:func:`row_events` the one unpacker (a row's member events, for :func:`expand_chunk_row` and the typed decoders
+of :mod:`.storage_lines`). The run key is read from the event wire form ``{"type", "seq", "time", "data"}``.
 The packer whitelists exact shapes: anything it does not fully recognise is written verbatim, so an
 unknown field or a future chunk kind loses compression, never data. The reader validates a row-tagged
 value completely before expanding it and raises :class:`ChunkRowError` on any defect, because silently
@@ -16,10 +19,21 @@ skipping a row would drop a whole run of events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import pairwise
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate, pairwise
+from typing import Any, TypeVar
 
+import msgspec
+from msgspec import UNSET
+
+from .._model.events import (
+    AssistantChunk,
+    AssistantChunkData,
+    ReasoningDeltaChunk,
+    SessionEvent,
+    TextDeltaChunk,
+    ToolCallDeltaChunk,
+)
 from .._model.jsonvalue import MAX_SAFE_INTEGER, is_safe_int
 
 __all__ = [
@@ -27,9 +41,13 @@ __all__ = [
     "CHUNK_ROW_TAGS",
     "MIN_RUN",
     "ChunkRowError",
+    "Member",
     "expand_chunk_row",
     "expand_chunk_rows",
     "pack_chunk_rows",
+    "pack_runs",
+    "plain_member",
+    "row_events",
     "row_member_count",
     "run_key",
     "build_row",
@@ -143,48 +161,64 @@ def build_row(key: tuple[object, ...], members: Sequence[tuple[int, int, str]]) 
     return {"type": _TAG_OF_KIND[kind], "seq0": members[0][0], "time0": times[0], "data": data}  # type: ignore[index]
 
 
-def _member(key: tuple[object, ...], event: dict[str, Any]) -> tuple[int, int, str]:
+Member = tuple[tuple[object, ...], int, int, str]
+"""A run member: its :func:`run_key`, seq, time and delta text."""
+
+T = TypeVar("T")
+
+
+def pack_runs(events: Iterable[T], member_of: Callable[[T], Member | None]) -> list[T | dict[str, Any]]:
+    """The one chunk packer: ``events`` in order, each run of >= :data:`MIN_RUN` members as one row (a plain-JSON
+    value from :func:`build_row`), every other event passed through (the same object).
+
+    ``member_of`` reads an event as a run member, or ``None`` for one written verbatim: :func:`run_key` on plain
+    JSON (:func:`pack_chunk_rows`), the struct reader of :mod:`.chunk_pack` on typed events. A run continues only
+    while the key stays equal, the seq grows by exactly one and the time gap is a safe integer. Stateless per
+    batch: a run split by a flush boundary is packed (or not) per batch.
+    """
+    out: list[T | dict[str, Any]] = []
+    run: list[tuple[Member, T]] = []
+
+    def flush() -> None:
+        if len(run) >= MIN_RUN:
+            out.append(build_row(run[0][0][0], [(m[1], m[2], m[3]) for m, _ in run]))
+        else:
+            out.extend(event for _, event in run)
+        run.clear()
+
+    for event in events:
+        member = member_of(event)
+        if member is None:
+            flush()
+            out.append(event)
+            continue
+        if run:
+            prev = run[-1][0]
+            # Both times are safe ints, so the gap is exact in Python; it must itself be safe so that JS readers
+            # (and our row validation) can represent it: 2**53-1 minus its negation is not.
+            if member[0] == prev[0] and member[1] == prev[1] + 1 and abs(member[2] - prev[2]) <= MAX_SAFE_INTEGER:
+                run.append((member, event))
+                continue
+            flush()
+        run.append((member, event))
+    flush()
+    return out
+
+
+def plain_member(event: dict[str, Any]) -> Member | None:
+    """A plain-JSON event as a run member (:func:`run_key` and its seq, time and delta), ``None`` if verbatim."""
+    key = run_key(event)
+    if key is None:
+        return None
     chunk = event["data"]["chunk"]
     delta = chunk["argumentsDelta"] if key[0] == "tool-call-delta" else chunk["text"]
-    return event["seq"], event["time"], delta
+    return key, event["seq"], event["time"], delta
 
 
 def pack_chunk_rows(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Encode a batch for storage: each run of >= :data:`MIN_RUN` packable delta chunks becomes one row.
-
-    Every other event is passed through verbatim (the same object), in order. A run continues only while
-    the kind, turn, step, block index (and for tool calls the id, and the name in presence and value)
-    stay equal, the seq grows by exactly one and the time gap is a safe integer. Stateless per batch: a
-    run split by a flush boundary is packed (or not) per batch.
-    """
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    current: tuple[object, ...] | None = None
-
-    def flush() -> None:
-        if current is not None and len(run) >= MIN_RUN:
-            out.append(build_row(current, [_member(current, event) for event in run]))
-        else:
-            out.extend(run)
-
-    for event in events:
-        key = run_key(event)
-        if key is None:
-            flush()
-            run, current = [], None
-            out.append(event)
-            continue
-        if key == current:
-            prev = run[-1]
-            # Both times are safe ints, so the gap is exact in Python; it must itself be safe so that
-            # JS readers (and our row validation) can represent it: 2**53-1 minus its negation is not.
-            if event["seq"] == prev["seq"] + 1 and abs(event["time"] - prev["time"]) <= MAX_SAFE_INTEGER:
-                run.append(event)
-                continue
-        flush()
-        run, current = [event], key
-    flush()
-    return out
+    """Encode a batch of plain-JSON events for storage: :func:`pack_runs` with :func:`run_key` (each run of
+    >= :data:`MIN_RUN` packable delta chunks becomes one row; every other event passes through verbatim)."""
+    return pack_runs(events, plain_member)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -256,33 +290,72 @@ def expand_chunk_row(value: object) -> list[dict[str, Any]] | None:
     row: dict[str, Any] = value  # type: ignore[assignment]
     payload = _validate_row(row, tag)
     data = row["data"]
-    kind = _KIND_OF_TAG[tag]
-    turn, step, index, dt = data["turn"], data["step"], data["index"], data["dt"]
-    seq, time = row["seq0"], row["time0"]
-    call_id = data.get("id")
-    has_name = "name" in data
-    name = data.get("name")
-    events: list[dict[str, Any]] = []
-    for k, member in enumerate(payload):
-        if k:
-            time += dt[k - 1]
-        chunk: dict[str, Any]
-        if kind == "tool-call-delta":
-            chunk = {"type": kind, "index": index, "id": call_id}
-            if has_name:
-                chunk["name"] = name
-            chunk["argumentsDelta"] = member
-        else:
-            chunk = {"type": kind, "index": index, "text": member}
-        events.append(
-            {
-                "type": "assistant/chunk",
-                "seq": seq + k,
-                "time": time,
-                "data": {"turn": turn, "step": step, "chunk": chunk},
-            }
+    events = row_events(
+        tag,
+        row["seq0"],
+        row["time0"],
+        data["turn"],
+        data["step"],
+        data["index"],
+        data["dt"],
+        payload,
+        data.get("id"),
+        data.get("name", UNSET),
+    )
+    assert events is not None  # a validated row passes row_events' cross-field checks (the same ones)
+    return [msgspec.to_builtins(event) for event in events]
+
+
+def row_events(
+    tag: str,
+    seq0: int,
+    time0: int,
+    turn: int,
+    step: int,
+    index: int,
+    dt: list[int],
+    members: list[str],
+    call_id: Any,
+    name: Any,
+) -> list[SessionEvent] | None:
+    """The one chunk unpacker: the member events of a row whose fields already have their types and ranges
+    (``seq0`` a count, ``turn``/``step``/``index`` and every ``dt`` safe ints, ``members`` a list of strings);
+    checks what spans fields (one ``dt`` per gap between members, so at least one member; the last seq and every
+    member's time safe), or ``None``. ``name`` is ``UNSET`` for a nameless tool run.
+
+    Every reader expands through here: :func:`expand_chunk_row` (plain JSON, after :func:`_validate_row` named
+    any defect) and the typed line and batch decoders of :mod:`.storage_lines`. The structs are built without
+    validation, so a row whose members would not convert (a negative turn, say) still expands; a typed reader
+    checks the ranges first.
+    """
+    if len(dt) != len(members) - 1:
+        return None
+    times = list(accumulate(dt, initial=time0))
+    if seq0 + len(members) - 1 > MAX_SAFE_INTEGER or min(times) < -MAX_SAFE_INTEGER:
+        return None
+    if max(times) > MAX_SAFE_INTEGER:
+        return None
+    seqs = range(seq0, seq0 + len(members))
+    if tag == _TOOL_TAG:
+        return [
+            AssistantChunk(
+                seq=seq,
+                time=time,
+                data=AssistantChunkData(
+                    turn=turn,
+                    step=step,
+                    chunk=ToolCallDeltaChunk(index=index, id=call_id, name=name, arguments_delta=member),
+                ),
+            )
+            for seq, time, member in zip(seqs, times, members, strict=True)
+        ]
+    kind = TextDeltaChunk if tag == _TEXT_TAG else ReasoningDeltaChunk
+    return [
+        AssistantChunk(
+            seq=seq, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=kind(index=index, text=member))
         )
-    return events
+        for seq, time, member in zip(seqs, times, members, strict=True)
+    ]
 
 
 def expand_chunk_rows(values: Iterable[object]) -> list[object]:

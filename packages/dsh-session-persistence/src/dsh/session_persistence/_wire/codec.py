@@ -2,13 +2,13 @@
 
 Decoding is two-phase: the envelope is checked first, so that an unknown type can be kept verbatim as an
 :class:`~dsh.session_persistence.events.OpaqueEvent` (whether it may be *interpreted* is decided by the reader,
-see :func:`first_refused_unknown`), and so that every rejection carries a specific message. The line decoder
+see ``versions.first_refused_unknown``), and so that every rejection carries a specific message. The line decoder
 takes a typed fast path and falls back to the generic decoder for the exact error text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal, cast
 
 import msgspec
@@ -44,7 +44,6 @@ __all__ = [
     "encode_event",
     "event_to_builtins",
     "event_types",
-    "first_refused_unknown",
 ]
 
 _ENVELOPE_KEYS = frozenset({"type", "seq", "time", "data", "surfaceOp", "sourceEventSeqs", "ignorable"})
@@ -179,7 +178,7 @@ def decode_event(obj: object) -> SessionEvent:
     """Build a frozen event from its plain JSON form (two-phase: envelope, then type).
 
     Unknown types become :class:`OpaqueEvent` (kept verbatim); whether a reader may accept them is decided by
-    :func:`first_refused_unknown`. Raises :class:`EventValidationError` with a specific message otherwise.
+    ``versions.first_refused_unknown``. Raises :class:`EventValidationError` with a specific message otherwise.
     """
     etype, seq, _time, env = _envelope(obj)
     cls = EVENT_TYPES.get(etype)
@@ -299,17 +298,6 @@ def encode_event(event: SessionEvent) -> bytes:
         return _encoder.encode(event)
     except RecursionError as exc:  # nesting deeper than the interpreter allows here (see _json.MAX_JSON_DEPTH)
         raise NotLosslessJsonError(f'session event "{event.type}" (seq {event.seq})', "nested too deeply", "$") from exc
-
-
-def first_refused_unknown(events: Iterable[SessionEvent]) -> OpaqueEvent | None:
-    """The first stored event whose type is unknown to this build and not marked ``ignorable``."""
-    # Usually there is no unknown type at all: for a list or tuple one C-level pass over the types answers that.
-    if type(events) in (list, tuple) and OpaqueEvent not in set(map(type, events)):
-        return None
-    for event in events:
-        if type(event) is OpaqueEvent and event.ignorable is not True:
-            return event
-    return None
 
 
 def event_types(events: Sequence[SessionEvent]) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Annotated, Any, Union
 
 import msgspec
@@ -20,16 +19,12 @@ from msgspec import UNSET, UnsetType
 
 from .._model.events import (
     AssistantChunk,
-    AssistantChunkData,
     KnownEvent,
-    ReasoningDeltaChunk,
     SessionEvent,
-    TextDeltaChunk,
-    ToolCallDeltaChunk,
 )
 from .._model.jsonvalue import MAX_SAFE_INTEGER
 from .chunk_pack import encode_chunk_run
-from .chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, row_member_count
+from .chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, row_events, row_member_count
 from .codec import check_typed_surface, decode_event, decode_event_line, encode_event
 
 __all__ = [
@@ -194,52 +189,7 @@ def _build_row(
         return None
     if seq0 < 0:
         return None
-    return _row_members(tag, seq0, time0, turn, step, index, dt, members, call_id, name)
-
-
-def _row_members(
-    tag: str,
-    seq0: int,
-    time0: int,
-    turn: int,
-    step: int,
-    index: int,
-    dt: list[int],
-    members: list[str],
-    call_id: Any,
-    name: Any,
-) -> list[SessionEvent] | None:
-    """The member events of a row whose fields already have their types and ranges (``seq0``, ``turn``, ``step``,
-    ``index`` counts, every ``dt`` a safe int, ``members`` a list of strings); checks what spans fields (one ``dt``
-    per gap between members, so at least one member; the last seq and every member's time safe), or ``None``."""
-    if len(dt) != len(members) - 1:
-        return None
-    times = list(accumulate(dt, initial=time0))
-    if seq0 + len(members) - 1 > MAX_SAFE_INTEGER or min(times) < -MAX_SAFE_INTEGER:
-        return None
-    if max(times) > MAX_SAFE_INTEGER:
-        return None
-    seqs = range(seq0, seq0 + len(members))
-    if tag == "tool-call-chunks":
-        return [
-            AssistantChunk(
-                seq=seq,
-                time=time,
-                data=AssistantChunkData(
-                    turn=turn,
-                    step=step,
-                    chunk=ToolCallDeltaChunk(index=index, id=call_id, name=name, arguments_delta=member),
-                ),
-            )
-            for seq, time, member in zip(seqs, times, members, strict=True)
-        ]
-    kind = TextDeltaChunk if tag == "text-chunks" else ReasoningDeltaChunk
-    return [
-        AssistantChunk(
-            seq=seq, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=kind(index=index, text=member))
-        )
-        for seq, time, member in zip(seqs, times, members, strict=True)
-    ]
+    return row_events(tag, seq0, time0, turn, step, index, dt, members, call_id, name)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -293,7 +243,7 @@ class _ToolRow(
 
 # A typed row decodes only where the dict path's key, type and per-field range checks pass (exact key sets, exact
 # ints in range and strings, ``name`` a string when present); what spans fields is then
-# checked by the same :func:`_row_members` that :func:`_build_row` ends with.
+# checked by the same :func:`~.chunk_rows.row_events` that :func:`_build_row` ends with.
 _batch_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Union[KnownEvent, _TextRow, _ReasoningRow, _ToolRow])
 _ROW_TAG_OF: dict[type, str] = {
     _TextRow: "text-chunks",
@@ -347,7 +297,8 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] 
     Taken in the common case (every line a known event or a valid chunk row): each line is decoded on its own by
     one typed decoder in a C-level ``map`` (so whitespace and line boundaries mean exactly what they mean to
     :func:`decode_storage_line`), surface events get :func:`decode_event_line`'s post-checks, and rows go through
-    :func:`_row_members`. Any exception or refusal returns ``None``, so error texts come from the per-line path.
+    :func:`~.chunk_rows.row_events` (the one unpacker). Any exception or refusal returns ``None``, so error texts
+    come from the per-line path.
     Contiguity from ``first_seq`` is followed line by line: an event line holds its seq, a row ``seq0`` and the
     members after it.
     """
@@ -371,7 +322,7 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] 
                 continue
             row = value.data
             tool = tag == "tool-call-chunks"
-            built = _row_members(
+            built = row_events(
                 tag,
                 value.seq0,
                 value.time0,

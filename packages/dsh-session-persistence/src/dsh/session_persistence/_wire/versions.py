@@ -11,11 +11,10 @@ from collections.abc import Iterable
 import msgspec
 
 from .._model.errors import SessionFormatUnsupportedError
-from .._model.events import SessionEvent
+from .._model.events import OpaqueEvent, SessionEvent
 from .._model.header import READABLE_FORMAT_VERSIONS, SESSION_FORMAT_VERSION
-from .codec import first_refused_unknown
 
-__all__ = ["check_format_version", "refuse_unknown_events"]
+__all__ = ["check_format_version", "first_refused_unknown", "refuse_unknown_events"]
 
 
 def check_format_version(session_id: object, version: object, location: str | None = None) -> None:
@@ -61,3 +60,14 @@ def refuse_unknown_events(session_id: str, events: Iterable[SessionEvent], locat
         "and not marked ignorable; refusing to interpret the log — it was likely written by a newer harness",
         location,
     )
+
+
+def first_refused_unknown(events: Iterable[SessionEvent]) -> OpaqueEvent | None:
+    """The first stored event whose type is unknown to this build and not marked ``ignorable``."""
+    # Usually there is no unknown type at all: for a list or tuple one C-level pass over the types answers that.
+    if type(events) in (list, tuple) and OpaqueEvent not in set(map(type, events)):
+        return None
+    for event in events:
+        if type(event) is OpaqueEvent and event.ignorable is not True:
+            return event
+    return None

@@ -87,6 +87,8 @@ class CrashStateConformance:
             sys_path=crash_backend.sys_path,
             kwargs=crash_backend.kwargs,
             long=long,
+            # The failure message shows 20 states; by default a failing backend is not checked further.
+            max_failures=None if long else 20,
         )
         type(self).last_report = report
         print(f"crash states ({crash_backend.factory} {dict(crash_backend.kwargs)}): {report.line()}")

@@ -78,6 +78,8 @@ class CrashStateReport:
     violations: list[str] = field(default_factory=list)
     refused_clean: list[str] = field(default_factory=list)
     refused_by_kind: Counter[str] = field(default_factory=Counter)
+    #: The check ended at ``max_failures`` failing states (the backend fails either way).
+    stopped_early: bool = False
 
     def line(self) -> str:
         outcomes = " ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
@@ -85,6 +87,7 @@ class CrashStateReport:
         return (
             f"calls={self.trace_calls} states={self.generated} checked={self.checked} {outcomes} "
             f"refused_by_kind={refused} refused_clean={len(self.refused_clean)} violations={len(self.violations)}"
+            + (" (stopped early)" if self.stopped_early else "")
         )
 
 
@@ -190,8 +193,13 @@ def check_crash_states(
     kwargs: Mapping[str, Any] | None = None,
     long: bool = False,
     seed: int = 0,
+    max_failures: int | None = None,
 ) -> CrashStateReport:
-    """Rebuild the crash states of ``recording`` and check each through a new backend (see the module doc)."""
+    """Rebuild the crash states of ``recording`` and check each through a new backend (see the module doc).
+
+    ``max_failures`` ends the check once that many states failed (violations and clean states refused): a
+    failing backend's report then counts only the states checked so far.
+    """
     make = load_factory(factory, sys_path, kwargs)
     points = recording.ack_points()
     report = CrashStateReport(trace_calls=len(recording.records))
@@ -204,6 +212,9 @@ def check_crash_states(
 
     async def check_all() -> None:
         for number, state in enumerate(selected):
+            if max_failures is not None and len(report.violations) + len(report.refused_clean) >= max_failures:
+                report.stopped_early = True
+                return
             target = scratch / f"state-{number}"
             _materialize(state, recording.root, target)
             outcome, loaded, detail = await _load(make, target)

@@ -45,11 +45,14 @@ class FaultSweepReport:
     whole: int = 0
     violations: list[str] = field(default_factory=list)
     untyped: list[str] = field(default_factory=list)
+    #: The sweep ended at its first violation (``stop_at_first_violation``): the backend fails either way.
+    stopped_early: bool = False
 
     def line(self) -> str:
         return (
             f"durable_calls={self.durable_calls} runs={self.runs} absent={self.absent} whole={self.whole} "
             f"violations={len(self.violations)} untyped={len(self.untyped)}"
+            + (" (stopped at the first violation)" if self.stopped_early else "")
         )
 
 
@@ -122,10 +125,13 @@ def sweep_first_append(
     sys_path: Sequence[str] = (),
     kwargs: Mapping[str, Any] | None = None,
     dead_disk: bool = True,
+    stop_at_first_violation: bool = False,
 ) -> FaultSweepReport:
     """Fail each durable call of a first append in turn (see the module docstring).
 
-    Each call fails once; with ``dead_disk`` each also fails together with every later call.
+    Each call fails once; with ``dead_disk`` each also fails together with every later call. With
+    ``stop_at_first_violation`` a failing backend costs one child per call up to its first violation, not the
+    whole sweep (a backend that passes runs every call either way).
     """
     work = Path(workdir)
     batch = [encode_event(e).decode() for e in simple_turn(0, 1, "first batch")]
@@ -166,6 +172,9 @@ def sweep_first_append(
             else:
                 have = "unlisted" if not listed else "listed"
                 report.violations.append(f"{where}: {have}, stored {stored!r} instead of nothing or the batch")
+            if stop_at_first_violation and report.violations:
+                report.stopped_early = True
+                return report
     return report
 
 
