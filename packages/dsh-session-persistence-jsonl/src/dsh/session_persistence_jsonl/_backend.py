@@ -110,7 +110,7 @@ class JsonlWrites:
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
         work = self._core._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, ()))
-        await self._core._run_shielded(work, "materializing the session log")
+        await self._core._run_shielded(self._core._announcing(storage.meta, work), "materializing the session log")
 
     def _upgrade_sync(
         self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
@@ -157,12 +157,12 @@ class JsonlWrites:
         batch = list(events)
         if not is_materialized:
             first = self._core._noting_unsynced(storage.meta.id, lambda: self._materialize_sync(storage, batch))
-            await self._core._run_shielded(first, "materializing the session log")
+            await self._core._run_shielded(self._core._announcing(storage.meta, first), "materializing the session log")
             return
         path = self._core._path_for(storage.meta)
 
         append = self._core._noting_unsynced(storage.meta.id, partial(self._append_sync, storage, path, batch))
-        await self._core._run_shielded(append, "appending to the session log")
+        await self._core._run_shielded(self._core._announcing(storage.meta, append), "appending to the session log")
 
     def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
         """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""
@@ -207,7 +207,8 @@ class JsonlWrites:
                 check_contiguous(storage.meta.id, found[0], batch)
                 append_durable(path, self._core._encode_batch(batch, self._core._seal_for(path)))
 
-        await self._core._run_shielded(self._core._noting_unsynced(storage.meta.id, work), "repairing the session log")
+        repair = self._core._announcing(storage.meta, self._core._noting_unsynced(storage.meta.id, work))
+        await self._core._run_shielded(repair, "repairing the session log")
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         path = self._core._path_for(storage.meta)
@@ -223,7 +224,8 @@ class JsonlWrites:
             replace_durable(path, data)
             self._core._declared.add(path)
 
-        await self._core._run_shielded(self._core._noting_unsynced(storage.meta.id, work), "rewriting the session log")
+        rewrite = self._core._announcing(storage.meta, self._core._noting_unsynced(storage.meta.id, work))
+        await self._core._run_shielded(rewrite, "rewriting the session log")
 
     # --------------------------------------------------------------------------------------------------------
     # the operator's explicit step for a damaged final batch
@@ -243,6 +245,7 @@ class JsonlWrites:
         def work() -> None:
             # Under the session's writer lease: refused (SessionLockedError) while any writer holds the session.
             lease = acquire_lease(self._core.root, os.path.dirname(tail.path), session_id)
+            self._core._activity.announce(tail.path, lease.inode)
             try:
                 current = self._damaged_tail_sync(session_id)
                 if current != tail:
@@ -253,6 +256,7 @@ class JsonlWrites:
                 truncate_durable(tail.path, tail.start, tail.size)
             finally:
                 lease.release_sync()
+                self._core._activity.retire(tail.path)
 
         await self._core._run_shielded(work, "discarding the damaged final batch")
 
@@ -316,7 +320,8 @@ class JsonlWrites:
             compact_transcript(path, storage.meta.id, data, expected_revision)
             self._core._declared.add(path)
 
-        await self._core._run_shielded(self._core._noting_unsynced(storage.meta.id, work), "compacting the session log")
+        compact = self._core._announcing(storage.meta, self._core._noting_unsynced(storage.meta.id, work))
+        await self._core._run_shielded(compact, "compacting the session log")
 
     async def writer_lease_holder(self, meta: SessionHeader) -> str | None:
         session_dir = os.path.dirname(self._core._path_for(meta))
@@ -325,9 +330,13 @@ class JsonlWrites:
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         path = self._core._path_for(meta)
         session_dir = os.path.dirname(path)
-        lease = await self._core._run_shielded(
-            lambda: acquire_lease(self._core.root, session_dir, meta.id), "taking the writer lease"
-        )
+
+        def take() -> JsonlWriterLease:
+            lease = acquire_lease(self._core.root, session_dir, meta.id)
+            self._core._activity.announce(path, lease.inode)  # before any write under it; retired on release
+            return lease
+
+        lease = await self._core._run_shielded(take, "taking the writer lease")
         # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
         appender = HeldAppender()
         self._core._appenders[path] = appender
@@ -339,6 +348,7 @@ class JsonlWrites:
                 del self._core._appenders[path]
             if self._core._leases.get(meta.id) is lease:
                 del self._core._leases[meta.id]
+            self._core._activity.retire(path)
 
         lease.on_release(forget)
         return lease
@@ -347,3 +357,4 @@ class JsonlWrites:
         for appender in list(self._core._appenders.values()):
             appender.close()
         self._core._appenders.clear()
+        self._core._activity.retire_all()

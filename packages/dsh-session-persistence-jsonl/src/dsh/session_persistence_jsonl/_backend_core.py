@@ -23,6 +23,7 @@ from dsh.session_persistence.backend import (
     encode_storage_lines,
 )
 
+from ._files.activity_journal import ActivityJournal
 from ._files.discovery import check_identity, find_transcript, preflight
 from ._files.fs import (
     UnsyncedBytes,
@@ -136,6 +137,8 @@ class JsonlCore:
         self._unsynced: dict[str, UnsyncedBytes | UnsyncedName] = {}
         # Transcript path -> its kept append descriptor, while this instance holds that session's writer lease.
         self._appenders: dict[str, HeldAppender] = {}
+        # Announces each session to the activity index's journal before this instance first writes it.
+        self._activity = ActivityJournal(self.root)
         # Session id -> the writer lease this instance holds for it (every write under it keeps its lock file).
         self._leases: dict[str, JsonlWriterLease] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
@@ -204,6 +207,16 @@ class JsonlCore:
             except UnsyncedError as exc:
                 self._unsynced[session_id] = exc.pending
                 raise
+
+        return run
+
+    def _announcing(self, header: SessionHeader, func: Callable[[], _T]) -> Callable[[], _T]:
+        """``func``, after the session is announced to the activity index (in the worker, before any write)."""
+        path = self._path_for(header)
+
+        def run() -> _T:
+            self._activity.announce(path)
+            return func()
 
         return run
 
