@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import pytest
 from dsh.session_persistence.backend import encode_event
-from dsh.session_persistence.testing import ShimUnavailableError, build_shim, shim_environment
+from dsh.session_persistence.testing import shim_environment, shim_or_skip
 from dsh.session_persistence_jsonl import JsonlBackend
 from sticky_child import SCENARIOS
 
@@ -34,10 +34,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        return build_shim(tmp_path_factory.mktemp("shim"))
-    except ShimUnavailableError as exc:
-        pytest.skip(str(exc))
+    return shim_or_skip(tmp_path_factory.mktemp("shim"))
 
 
 def run_child(shim: Path, work: Path, scenario: str, backend: str, *, persistent: bool) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import pytest
 from dsh.session_persistence.backend import encode_event
-from dsh.session_persistence.testing import ShimUnavailableError, build_shim, shim_environment
+from dsh.session_persistence.testing import shim_environment, shim_or_skip
 from dsh.session_persistence_jsonl import JsonlBackend
 from fault_child import PERSISTENT, SESSION_ID, scenarios
 
@@ -36,10 +36,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        return build_shim(tmp_path_factory.mktemp("shim"))
-    except ShimUnavailableError as exc:
-        pytest.skip(str(exc))
+    return shim_or_skip(tmp_path_factory.mktemp("shim"))
 
 
 def run_child(shim: Path, root: Path, compression: str, scenario: str, backend: str) -> dict[str, Any]:

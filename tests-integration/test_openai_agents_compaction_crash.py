@@ -29,7 +29,7 @@ import pytest
 from dsh.session_openai_agents import COMPACTION_EVENT, DshSession
 from dsh.session_persistence import SessionPersistenceCorruptionError, open_sessions
 from dsh.session_persistence.events import OpaqueEvent
-from dsh.session_persistence.testing import ShimUnavailableError, build_shim, shim_environment
+from dsh.session_persistence.testing import shim_environment, shim_or_skip
 from openai_agents_compact_child import HISTORY, QUESTION, REPLY, SESSION_ID, SUMMARY, transcript
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shim needs Linux")]
@@ -43,10 +43,7 @@ READY_TIMEOUT_S = 120.0
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        return build_shim(tmp_path_factory.mktemp("shim"))
-    except ShimUnavailableError as exc:
-        pytest.skip(str(exc))
+    return shim_or_skip(tmp_path_factory.mktemp("shim"))
 
 
 class Child:

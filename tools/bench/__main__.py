@@ -10,8 +10,8 @@ and reports medians and ratios of medians::
 Figures: see ``docs/benchmarks.md``. A package run as a directory (``python tools/bench``): this ``__main__`` parses
 the options and runs the sections, one module each (``bench_writes``: 1 and 6, ``bench_commits``: 2 and 8,
 ``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10,
-``bench_sealed``: 11); Python puts
-this directory first on ``sys.path`` when it runs it, which is how they import each other.
+``bench_sealed``: 11, ``bench_fleet``: 12); Python puts this directory first on ``sys.path`` when it runs it,
+which is how they import each other.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bench_barrier import flush_section, list_section
 from bench_big import big_child, big_session_section
 from bench_commits import _many_child, commit_section, many_sessions_section
 from bench_common import FULL, QUICK, Report, machine
+from bench_fleet import fleet_child, fleet_section
 from bench_load import _load_child, load_section
 from bench_loop import loop_section
 from bench_peers import peer_status
@@ -47,6 +48,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     f["mode"] = "quick" if args.quick else "full"
     print(f"dsh sessions bench ({f['mode']}): {f['machine']}", flush=True)
     try:
+        if args.fleet_only:
+            run_fleet(args, report, scratch)
+            f["table"] = [list(r) for r in report.rows]
+            return f
         if args.commits_only:
             f["peers"] = (
                 peer_status() if not args.no_peers else dict.fromkeys(("sqlitesession", "langgraph"), "skipped")
@@ -73,10 +78,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
         if args.big:
             big_session_section(report, scratch)
+
+        if not args.no_fleet:
+            run_fleet(args, report, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     f["table"] = [list(r) for r in report.rows]
     return f
+
+
+def run_fleet(args: argparse.Namespace, report: Report, scratch: str) -> None:
+    """Section 12 with this run's sizes: quick is a smoke (N = 3, times scaled by 0.1, one process per loop)."""
+    peers = not args.no_peers and peer_status()["sqlitesession"] == "ok"
+    if args.quick and not args.fleet_sessions:
+        fleet_section(report, scratch, sessions=(3,), seconds=0.25, scale=0.1, one_process=True, peers=peers)
+        return
+    sessions = tuple(int(n) for n in (args.fleet_sessions or "1,100,1000").split(","))
+    fleet_section(report, scratch, sessions=sessions, seconds=args.fleet_seconds, peers=peers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--big", action="store_true", help="also the 1,000,000-event session: bounded-memory reads (section 9)"
     )
+    parser.add_argument("--no-fleet", action="store_true", help="skip the fleet of live sessions (section 12)")
+    parser.add_argument("--fleet-only", action="store_true", help="only the fleet of live sessions (section 12)")
+    parser.add_argument("--fleet-sessions", metavar="N,N", help="fleet sizes (default 1,100,1000)")
+    parser.add_argument("--fleet-seconds", type=float, default=10.0, help="seconds per fleet cell (default 10)")
+    parser.add_argument("--_fleet-child", help=argparse.SUPPRESS)
     parser.add_argument("--_big-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_load-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_many-child", nargs=4, help=argparse.SUPPRESS)
@@ -117,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args._many_child:
         _many_child(*args._many_child)
+        return 0
+    if args._fleet_child:
+        fleet_child(args._fleet_child)
         return 0
     if args._big_child:
         big_child(*args._big_child)

@@ -27,7 +27,7 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [sys.executable, str(BENCH), "--quick", "--no-peers", "--no-postgres", "--json", str(out), "--dir", str(work)],
         capture_output=True,
         text=True,
-        timeout=170,  # a safety net, never a timing assertion (section 11 added ~10 s)
+        timeout=240,  # a hang guard, never a timing check: sections 11 (~10 s) and 12 (~5-8 s) came on top of ~50 s
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -136,3 +136,21 @@ def test_agent_loop_reports_persistence_per_turn_for_both_backends(figures: dict
         assert set(added) == {"memory", "jsonl"}
         assert all(isinstance(value, float) for value in added.values())
     assert figures["agent_loop"]["turns"] > 0
+
+
+def test_fleet_reports_every_system_rate_and_loop(figures: dict[str, Any]) -> None:
+    # Peers are skipped in the smoke run, so the fleet measures dsh and both raw floors, on asyncio and trio.
+    fleet = figures["fleet"]
+    (n,) = fleet["sessions"]
+    for loop in ("asyncio", "trio"):
+        for rate in ("realistic", "aggressive"):
+            for system in ("dsh", "raw_thread", "raw_inline"):
+                cell = fleet["cells"][f"{loop}/{rate}/n={n}/{system}"]
+                assert "error" not in cell, cell
+                assert cell["sessions"] == n
+                assert cell["barriers"] > 0
+                for key in ("p50_ms", "p99_ms", "served_per_s", "demanded_per_s", "cpu_us_per_barrier"):
+                    assert _positive(cell[key]), f"{loop}/{rate}/{system}.{key} = {cell[key]!r}"
+                assert cell["p99_ms"] >= cell["p50_ms"]
+            assert isinstance(fleet["ratios"][f"{loop}/{rate}/n={n} dsh/floor p99"], float)
+    assert not any(key.endswith(("sqlite_file", "sqlite_shared")) for key in fleet["cells"])

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from dsh.session_persistence.backend import encode_event
-from dsh.session_persistence.testing import FaultRule, ShimUnavailableError, build_shim, shim_environment
+from dsh.session_persistence.testing import FaultRule, shim_environment, shim_or_skip
 from dsh.session_persistence_jsonl import JsonlBackend
 
 SESSION_ID = "nameless"
@@ -60,10 +60,7 @@ WRITER = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        return build_shim(tmp_path_factory.mktemp("shim"))
-    except ShimUnavailableError as exc:
-        pytest.skip(str(exc))
+    return shim_or_skip(tmp_path_factory.mktemp("shim"))
 
 
 def stored_wire(root: Path) -> list[str]:

@@ -114,11 +114,12 @@ def transcript(root: Path, session_id: str, cwd: str = WORK, compression: str = 
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    """Every stored file's bytes and mtime (writer-lease lock files are not data: any writer may create one)."""
+    """Every stored file's bytes and mtime (writer-lease lock files are not data: any writer may create one; nor are
+    the JSONL root's activity journal and index, a listing cache a writer or a listing may touch)."""
     return {
         str(p): (p.read_bytes(), p.stat().st_mtime_ns)
         for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != "session.lock"
+        if p.is_file() and p.name != "session.lock" and not p.name.startswith(".dsh-activity.")
     }
 
 

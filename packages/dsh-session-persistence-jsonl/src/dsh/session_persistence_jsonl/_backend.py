@@ -110,7 +110,7 @@ class JsonlWrites:
         return len(log.events), os.stat(path)
 
     async def materialize_header(self, storage: StorageMetadata) -> None:
-        await self._core._write(storage.meta.id, "materializing the session log", self._materialize_sync, storage, ())
+        await self._core._write(storage.meta, "materializing the session log", self._materialize_sync, storage, ())
 
     def _upgrade_sync(
         self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
@@ -157,13 +157,11 @@ class JsonlWrites:
         batch = list(events)
         if not is_materialized:
             await self._core._write(
-                storage.meta.id, "materializing the session log", self._materialize_sync, storage, batch
+                storage.meta, "materializing the session log", self._materialize_sync, storage, batch
             )
             return
         path = self._core._path_for(storage.meta)
-        await self._core._write(
-            storage.meta.id, "appending to the session log", self._append_sync, storage, path, batch
-        )
+        await self._core._write(storage.meta, "appending to the session log", self._append_sync, storage, path, batch)
 
     def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
         """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""
@@ -208,7 +206,7 @@ class JsonlWrites:
                 check_contiguous(storage.meta.id, found[0], batch)
                 append_durable(path, self._core._encode_batch(batch, self._core._seal_for(path)))
 
-        await self._core._write(storage.meta.id, "repairing the session log", work)
+        await self._core._write(storage.meta, "repairing the session log", work)
 
     async def rewrite(self, storage: StorageMetadata, events: Sequence[SessionEvent]) -> None:
         path = self._core._path_for(storage.meta)
@@ -224,7 +222,7 @@ class JsonlWrites:
             replace_durable(path, data)
             self._core._declared.add(path)
 
-        await self._core._write(storage.meta.id, "rewriting the session log", work)
+        await self._core._write(storage.meta, "rewriting the session log", work)
 
     # --------------------------------------------------------------------------------------------------------
     # the operator's explicit step for a damaged final batch
@@ -244,6 +242,7 @@ class JsonlWrites:
         def work() -> None:
             # Under the session's writer lease: refused (SessionLockedError) while any writer holds the session.
             lease = acquire_lease(self._core.root, os.path.dirname(tail.path), session_id)
+            self._core._activity.announce(tail.path, lease.inode)
             try:
                 current = self._damaged_tail_sync(session_id)
                 if current != tail:
@@ -254,6 +253,7 @@ class JsonlWrites:
                 truncate_durable(tail.path, tail.start, tail.size)
             finally:
                 lease.release_sync()
+                self._core._activity.retire(tail.path)
 
         await self._core._write_plain(session_id, "discarding the damaged final batch", work)
 
@@ -317,7 +317,7 @@ class JsonlWrites:
             compact_transcript(path, storage.meta.id, data, expected_revision)
             self._core._declared.add(path)
 
-        await self._core._write(storage.meta.id, "compacting the session log", work)
+        await self._core._write(storage.meta, "compacting the session log", work)
 
     async def writer_lease_holder(self, meta: SessionHeader) -> str | None:
         session_dir = os.path.dirname(self._core._path_for(meta))
@@ -326,9 +326,13 @@ class JsonlWrites:
     async def acquire_writer_lease(self, meta: SessionHeader) -> JsonlWriterLease:
         path = self._core._path_for(meta)
         session_dir = os.path.dirname(path)
-        lease = await self._core._write_plain(
-            meta.id, "taking the writer lease", acquire_lease, self._core.root, session_dir, meta.id
-        )
+
+        def take() -> JsonlWriterLease:
+            lease = acquire_lease(self._core.root, session_dir, meta.id)
+            self._core._activity.announce(path, lease.inode)  # before any write under it; retired on release
+            return lease
+
+        lease = await self._core._write_plain(meta.id, "taking the writer lease", take)
         # While the lease is held, appends reuse one descriptor; it is closed when the lease is released.
         appender = HeldAppender()
         self._core._appenders[path] = appender
@@ -340,6 +344,7 @@ class JsonlWrites:
                 del self._core._appenders[path]
             if self._core._leases.get(meta.id) is lease:
                 del self._core._leases[meta.id]
+            self._core._activity.retire(path)
 
         lease.on_release(forget)
         return lease
@@ -350,3 +355,4 @@ class JsonlWrites:
         for appender in list(self._core._appenders.values()):
             appender.close()
         self._core._appenders.clear()
+        self._core._activity.retire_all()

@@ -25,6 +25,7 @@ from dsh.session_persistence.backend import (
     encode_storage_lines,
 )
 
+from ._files.activity_journal import ActivityJournal
 from ._files.discovery import check_identity, find_transcript, preflight
 from ._files.fs import (
     UnsyncedBytes,
@@ -145,6 +146,8 @@ class JsonlCore:
         self._appenders: dict[str, HeldAppender] = {}
         # Every durable step runs here, keyed by session id: one session's steps in order, many share a wake.
         self._writer = BlockingWriter(WRITER_LANES, name="dsh-jsonl-writer")
+        # Announces each session to the activity index's journal before this instance first writes it.
+        self._activity = ActivityJournal(self.root)
         # Session id -> the writer lease this instance holds for it (every write under it keeps its lock file).
         self._leases: dict[str, JsonlWriterLease] = {}
         # Probe by listing: a missing root is fine (created lazily); a file or an unreadable root is not.
@@ -177,11 +180,14 @@ class JsonlCore:
         except MemoryError as exc:
             raise SessionStorageError(f"{action} failed: out of memory") from exc
 
-    async def _write(self, session_id: str, action: str, func: Callable[..., _T], *args: Any) -> _T:
-        """Run the durable step ``func(*args)`` of ``session_id`` on the backend's writer, shielded: it runs to its
-        end (a cancelled caller sees its cancellation afterwards); a write of the session whose sync failed is made
-        good first, and one this step leaves unsynced is remembered (see :meth:`_settle_unsynced`)."""
-        return await self._write_plain(session_id, action, self._durable_step, session_id, func, args)
+    async def _write(self, header: SessionHeader, action: str, func: Callable[..., _T], *args: Any) -> _T:
+        """Run the durable step ``func(*args)`` of session ``header`` on the backend's writer, shielded: it runs to
+        its end (a cancelled caller sees its cancellation afterwards); the session is announced to the activity
+        index first, a write of the session whose sync failed is made good first, and one this step leaves
+        unsynced is remembered (see :meth:`_settle_unsynced`)."""
+        session_id = header.id
+        path = self._path_for(header)
+        return await self._write_plain(session_id, action, self._durable_step, session_id, path, func, args)
 
     async def _write_plain(self, session_id: str, action: str, func: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_write` without the unsynced bookkeeping (steps that store no session data: lease, delete)."""
@@ -194,10 +200,12 @@ class JsonlCore:
         except MemoryError as exc:
             raise SessionStorageError(f"{action} failed: out of memory") from exc
 
-    def _durable_step(self, session_id: str, func: Callable[..., _T], args: tuple[Any, ...]) -> _T:
+    def _durable_step(self, session_id: str, path: str, func: Callable[..., _T], args: tuple[Any, ...]) -> _T:
         """On the writer: :meth:`_write`'s step between the settlement of an earlier unsynced write and the
-        record of one this step leaves; under a held lease, its lock file is checked first (the one place every
-        write passes, whichever thread runs it)."""
+        record of one this step leaves; first the transcript at ``path`` is announced to the activity index and,
+        under a held lease, its lock file is checked (the one place every write passes, whichever thread runs
+        it)."""
+        self._activity.announce(path)  # before any write, so a listing's index never misses this session
         lease = self._leases.get(session_id)
         if lease is not None:
             lease.keep()  # a lock file deleted under the lease is put back before anything is written

@@ -218,7 +218,10 @@ class JsonlBackend:
         """A page by transcript modification time ("recent") or header creation time; see ``_lifecycle``.
 
         The root preflight (a root holding the other encoding is refused) runs once per backend instance, as for
-        every other read; after it a page costs one ``stat`` per session and the page's headers.
+        every other read. A "recent" page with a limit goes through the activity index (a cache in the root that
+        writers keep and listings prove; see ``_files/activity``): it costs the ``stat`` of the sessions written
+        since the last listing, of the page's rows, and of the project directories, plus the page's headers. A
+        missing or unprovable index costs one ``stat`` per session, once, and is rebuilt.
         """
         return await self._writes.list_page(query)
 

@@ -207,10 +207,14 @@ def _await_holder(fd: int) -> str | None:
 class JsonlWriterLease:
     """A held JSONL writer lease: the locked descriptors, closed (and so unlocked) by :meth:`release`."""
 
-    def __init__(self, fd: int, path: str, holder: str, anchor: int | None = None, session_id: str = "") -> None:
+    def __init__(
+        self, fd: int, path: str, holder: str, anchor: int | None = None, session_id: str = "", inode: int = 0
+    ) -> None:
         self._fd: int | None = fd
         self._anchor = anchor
         self._session_id = session_id
+        #: The lock file's inode when the lease was taken (the activity index knows this writer's lock by it).
+        self.inode = inode
         self._lock = threading.Lock()
         self.path = path
         self._holder = holder
@@ -396,7 +400,7 @@ def _acquire_guarded(dir_fd: int, session_dir: str, path: str, session_id: str) 
         except BaseException:
             os.close(fd)
             raise
-        return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None, session_id)
+        return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None, session_id, mine.st_ino)
 
 
 def _relock(dir_fd: int, path: str, session_id: str) -> int:

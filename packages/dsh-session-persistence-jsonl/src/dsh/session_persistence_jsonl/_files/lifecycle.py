@@ -27,6 +27,7 @@ from dsh.session_persistence.backend import (
 
 from .._format.frames import Compression
 from .._format.records import NotAHeaderError
+from .activity_list import indexed_page, rebuild
 from .discovery import check_identity, find_transcript, read_listed
 from .fs import fsync_dir, is_file, replace_durable, revision_of
 from .layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, decode_segment, project_key, suffix_for
@@ -97,6 +98,19 @@ def _candidates(root: str, compression: Compression, query: ListQuery, checkpoin
     return out
 
 
+def _wanted(cand: _Candidate, root: str, query: ListQuery) -> bool:
+    """The filters :func:`_candidates` applies while it scans, applied to a full scan's candidate."""
+    ms, session_id = -cand[0], cand[1]
+    if query.cwd is not None and os.path.dirname(os.path.dirname(cand[2])) != os.path.join(
+        root, project_key(query.cwd)
+    ):
+        return False
+    if query.since is not None and ms < query.since:
+        return False
+    after = query.after if query.order == "recent" else None
+    return after is None or not (ms > after.key or (ms == after.key and session_id <= after.session_id))
+
+
 def _in_order(cands: list[_Candidate], first: int) -> Iterator[_Candidate]:
     """Candidates in the "recent" order; the first ``first`` found by a partial selection, not a full sort."""
     if first < len(cands) // 4:
@@ -130,7 +144,14 @@ def list_rows(
     root: str, compression: Compression, query: ListQuery, cap: int, checkpoint: Checkpoint
 ) -> list[SessionListing]:
     """Answer a listing query over ``root`` (see the module docstring for what each order costs)."""
-    cands = _candidates(root, compression, query, checkpoint)
+    if query.order == "recent" and query.limit is not None:
+        page = indexed_page(root, compression, query, cap, checkpoint, _read_header)
+        if page is not None:
+            return page
+        # The activity index is missing or could not be proved: scan every session (and rebuild it).
+        cands = [c for c in rebuild(root, compression, checkpoint) if _wanted(c, root, query)]
+    else:
+        cands = _candidates(root, compression, query, checkpoint)
     if query.order == "recent":
         rows: list[SessionListing] = []
         limit = query.limit

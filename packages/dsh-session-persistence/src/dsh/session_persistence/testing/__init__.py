@@ -47,7 +47,7 @@ from ._shim import FaultRule, ShimUnavailableError, build_shim, fault_spec, find
 
 if TYPE_CHECKING:
     from ._conformance import BackendConformance
-    from ._crash_kit import CrashBackend, CrashStateConformance
+    from ._crash_kit import CrashBackend, CrashStateConformance, shim_or_skip
     from ._primitive_kit import PrimitiveFaultConformance
     from ._storage_kit import StorageContractConformance
 
@@ -59,6 +59,7 @@ _KIT_MODULES = {
     "LifecycleConformance": "_lifecycle_conformance",
     "PrimitiveFaultConformance": "_primitive_kit",
     "StorageContractConformance": "_storage_kit",
+    "shim_or_skip": "_crash_kit",
 }
 
 
@@ -121,6 +122,7 @@ __all__ = [
     "read_trace",
     "record_session",
     "shim_environment",
+    "shim_or_skip",
     "simple_turn",
     "step_end",
     "step_start",

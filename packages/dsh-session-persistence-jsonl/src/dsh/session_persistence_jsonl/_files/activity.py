@@ -1,0 +1,390 @@
+"""The activity index: a first "recent" page without a ``stat`` per session, never trusted over the logs.
+
+``<root>/.dsh-activity.idx`` is a snapshot a listing writes: every session's last seen ``stat`` (mtime, size,
+inode) sorted newest first (with the sessions changed since in a short unsorted delta in front, so a rewrite never
+re-sorts 100,000 lines), the inodes of the sessions' lock files, each project directory's ``stat``, the sessions
+writers had announced and not retired (``activity_journal.py``), and how far into the journal it has read. A
+listing takes the snapshot as a guess and proves it before trusting it:
+
+* sessions the journal names after the snapshot's point, and sessions announced but not retired (a live writer,
+  or one that crashed), are stat'ed, every time;
+* a project directory whose ``stat`` changed (a session created, removed or copied in by anyone) is read again,
+  and its new or replaced entries stat'ed; so is the root (a new project directory). A directory changed within
+  :data:`RACY_NS` of when it was last read is always read again (coarse timestamps);
+* a session whose lock file a writer the journal does not name holds (the kernel's lock table, Linux: a live 0.2
+  writer) sends the listing to a full scan, which then looks at that session while the writer lives;
+* every row returned is stat'ed: a row whose ``stat`` differs from the snapshot's is moved to its real place, and
+  one that should already have been returned sends the listing to a full scan.
+
+A missing, damaged or foreign snapshot, one from another boot (the journal is never synced, so only a reboot can
+lose its tail), a replaced journal, or no boot id at all: a full scan answers, and rewrites the snapshot. What the
+index cannot see is a transcript changed in place, between two listings, by a program that keeps no journal and
+holds no lock by then (a 0.2 writer that came and went): a listing with no limit (always a scan) has it in place,
+the index has it after its next rebuild, and its row, whenever it is returned, carries its real ``stat``.
+
+Blocking code for worker threads. Every write here is a cache write: not synced, and a failure is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .activity_journal import INDEX_NAME, JOURNAL_NAME
+
+__all__ = [
+    "RACY_NS",
+    "Entry",
+    "IndexState",
+    "Snapshot",
+    "boot_id",
+    "fold_journal",
+    "held_locks",
+    "journal_identity",
+    "load",
+    "prune_dead",
+    "read_journal",
+    "unknown_locks",
+    "write",
+    "write_delta",
+]
+
+Checkpoint = Callable[[], None]
+_VERSION = 1
+#: A directory whose mtime is this close to when it was read may change without its mtime moving (coarse clocks).
+RACY_NS = 2_000_000_000
+_PROC_LOCKS = "/proc/locks"
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str | None:
+    try:
+        with open(_BOOT_ID, encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One session as last seen: its transcript's ``stat`` and its directory's inode."""
+
+    mtime_ns: int
+    size: int
+    ino: int
+    dir_ino: int
+    project: str
+    name: str
+
+    @property
+    def rel(self) -> str:
+        return self.project + "/" + self.name
+
+    def matches(self, st: os.stat_result) -> bool:
+        return st.st_mtime_ns == self.mtime_ns and st.st_size == self.size and st.st_ino == self.ino
+
+
+#: ``rel -> [[pid, host, lock_ino], ...]``: announced, not retired.
+Opens = dict[str, list[list[object]]]
+
+
+@dataclass
+class IndexState:
+    """What a snapshot says besides its entries."""
+
+    compression: str
+    boot: str
+    journal: tuple[int, int, int]  # (dev, ino, offset read)
+    root: tuple[int, int, int]  # (mtime_ns, ino, read at ns)
+    projects: dict[str, tuple[int, int, int]]  # name -> (mtime_ns, ino, read at ns)
+    opens: Opens = field(default_factory=dict)
+
+
+@dataclass
+class Snapshot:
+    state: IndexState
+    data: bytes
+    locks: int  # offset of the line of the sessions' lock file inodes
+    delta_at: int  # offset of the first delta line: entries newer than the sorted body's, which they supersede
+    body: int  # offset of the first line of the sorted body
+
+    def lock_inodes(self) -> set[int]:
+        """The inodes of the sessions' lock files (a lock on any other file is no session's writer)."""
+        line = self.data[self.locks : self.delta_at - 1]
+        return set(map(int, line.split())) if line else set()
+
+    def delta(self) -> list[Entry]:
+        return [_parse(line) for line in self.data[self.delta_at : self.body].split(b"\n")[:-1]]
+
+    def all_entries(self) -> list[Entry]:
+        delta = self.delta()
+        newer = {e.rel for e in delta}
+        return [*delta, *(e for e in self.stream() if e.rel not in newer)]
+
+    def names_in(self, project: str) -> dict[str, int]:
+        """``name -> directory inode`` of the project's sessions, found by a scan of the bytes (nothing parsed
+        but the project's own lines)."""
+        data, needle = self.data, b"\t" + project.encode("ascii") + b"\t"
+        out: dict[str, int] = {}
+        pos = self.body
+        while (at := data.find(needle, pos)) >= 0:  # the project is the fifth field: only its lines match
+            end = data.index(b"\n", at)
+            dino = int(data[data.rindex(b"\t", 0, at) + 1 : at])
+            out[data[at + len(needle) : end].decode("utf-8", "surrogateescape")] = dino
+            pos = end + 1
+        out.update((e.name, e.dir_ino) for e in self.delta() if e.project == project)
+        return out
+
+    def stream(self) -> Iterator[Entry]:
+        """Entries newest first, parsed as they are consumed."""
+        data, pos, end = self.data, self.body, len(self.data)
+        while pos < end:
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                return
+            yield _parse(data[pos:nl])
+            pos = nl + 1
+
+    def entries(self) -> list[Entry]:
+        return list(self.stream())
+
+
+class IndexFormatError(ValueError):
+    pass
+
+
+def _parse(line: bytes) -> Entry:
+    try:
+        mtime, size, ino, dino, project, name = line.split(b"\t")
+        return Entry(
+            int(mtime), int(size), int(ino), int(dino), project.decode("ascii"), name.decode("utf-8", "surrogateescape")
+        )
+    except ValueError as exc:
+        raise IndexFormatError("bad index line") from exc
+
+
+def _ints(value: object, count: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) != count or not all(type(v) is int for v in value):
+        raise IndexFormatError("bad index header")
+    return tuple(value)
+
+
+def load(root: str, compression: str, boot: str) -> Snapshot | None:
+    """The snapshot, or ``None`` when it is missing, damaged, of another encoding or from another boot."""
+    try:
+        with open(os.path.join(root, INDEX_NAME), "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    nl = data.find(b"\n")
+    try:
+        head = json.loads(data[:nl]) if nl > 0 else None
+        if not isinstance(head, dict) or head.get("v") != _VERSION or not data.endswith(b"\n"):
+            return None
+        if head.get("compression") != compression or head.get("boot") != boot:
+            return None
+        projects = head["projects"]
+        opens = head["opens"]
+        if not isinstance(projects, dict) or not isinstance(opens, dict):
+            return None
+        state = IndexState(
+            compression,
+            boot,
+            _ints(head["journal"], 3),  # type: ignore[arg-type]
+            _ints(head["root"], 3),  # type: ignore[arg-type]
+            {str(k): _ints(v, 3) for k, v in projects.items()},  # type: ignore[misc]
+            {str(k): [list(_ints_any(w)) for w in v] for k, v in opens.items()},
+        )
+        second = data.index(b"\n", nl + 1)
+        if not data[nl + 1 : second].replace(b" ", b"").isdigit() and second != nl + 1:
+            return None
+        body = second + 1
+        delta = head.get("delta", 0)
+        if type(delta) is not int or delta < 0:
+            return None
+        for _ in range(delta):
+            body = data.index(b"\n", body) + 1
+    except (ValueError, KeyError, TypeError):
+        return None
+    return Snapshot(state, data, nl + 1, second + 1, body)
+
+
+def _ints_any(value: object) -> list[object]:
+    if not isinstance(value, list) or len(value) != 3 or type(value[0]) is not int or type(value[2]) is not int:
+        raise IndexFormatError("bad open record")
+    return [value[0], str(value[1]), value[2]]
+
+
+def _line(e: Entry) -> bytes:
+    return f"{e.mtime_ns}\t{e.size}\t{e.ino}\t{e.dir_ino}\t{e.project}\t{e.name}\n".encode("utf-8", "surrogateescape")
+
+
+def _holdable(entries: list[Entry]) -> bool:
+    return not any("\t" in e.name or "\n" in e.name or "\t" in e.project or "\n" in e.project for e in entries)
+
+
+def write_delta(root: str, state: IndexState, snap: Snapshot, delta: list[Entry], lock_inodes: set[int]) -> None:
+    """The snapshot with ``delta`` in front of its sorted body, which is copied as it is (nothing re-sorted)."""
+    if _holdable(delta):
+        _replace(root, _head(state, len(delta)), lock_inodes, b"".join(map(_line, delta)), snap.data[snap.body :])
+
+
+def write(
+    root: str,
+    state: IndexState,
+    entries: list[Entry],
+    sort_key: Callable[[Entry], tuple[int, str]],
+    lock_inodes: set[int],
+) -> None:
+    """Replace the snapshot (a cache: not synced; a failure leaves the old one, which is proved before use)."""
+    if _holdable(entries):  # else names this line format cannot hold: no index, every listing scans
+        _replace(root, _head(state, 0), lock_inodes, b"", b"".join(map(_line, sorted(entries, key=sort_key))))
+
+
+def _head(state: IndexState, delta: int) -> dict[str, object]:
+    return {
+        "v": _VERSION,
+        "compression": state.compression,
+        "boot": state.boot,
+        "journal": list(state.journal),
+        "root": list(state.root),
+        "projects": {k: list(v) for k, v in state.projects.items()},
+        "opens": state.opens,
+        "delta": delta,
+    }
+
+
+def _replace(root: str, head: dict[str, object], lock_inodes: set[int], delta: bytes, body: bytes) -> None:
+    tmp = os.path.join(root, f"{INDEX_NAME}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            locks = " ".join(map(str, sorted(lock_inodes))).encode()
+            data = json.dumps(head, separators=(",", ":")).encode() + b"\n" + locks + b"\n" + delta + body
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(root, INDEX_NAME))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The journal and the kernel's locks
+
+
+def journal_identity(root: str) -> tuple[int, int, int] | None:
+    """``(dev, ino, size)`` of the journal, ``(0, 0, 0)`` when there is none, ``None`` if it is not a file."""
+    try:
+        st = os.lstat(os.path.join(root, JOURNAL_NAME))
+    except FileNotFoundError:
+        return (0, 0, 0)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size) if stat.S_ISREG(st.st_mode) else None
+
+
+def read_journal(root: str, start: int) -> tuple[list[list[str]], int] | None:
+    """The complete records from ``start`` (a record still being written is left for later) and the offset after
+    them; ``None`` when a record is not one of ours (the index is then rebuilt)."""
+    try:
+        with open(os.path.join(root, JOURNAL_NAME), "rb") as fh:
+            fh.seek(start)
+            data = fh.read()
+    except FileNotFoundError:
+        return ([], start) if start == 0 else None
+    except OSError:
+        return None
+    cut = data.rfind(b"\n") + 1
+    records: list[list[str]] = []
+    for line in data[:cut].split(b"\n")[:-1]:
+        fields = line.decode("utf-8", "surrogateescape").split("\t")
+        if not ((fields[0] == "+" and len(fields) == 5) or (fields[0] == "-" and len(fields) == 3)):
+            return None
+        if not fields[2].isdigit() or (fields[0] == "+" and not fields[4].isdigit()):
+            return None
+        records.append(fields)
+    return records, start + cut
+
+
+def fold_journal(opens: Opens, records: list[list[str]]) -> set[str]:
+    """Apply ``records`` to ``opens`` (in place); the sessions they name."""
+    touched: set[str] = set()
+    for fields in records:
+        rel, pid = fields[1], int(fields[2])
+        touched.add(rel)
+        if fields[0] == "+":
+            opens.setdefault(rel, []).append([pid, fields[3], int(fields[4])])
+        else:
+            writers = opens.get(rel, [])
+            for i, writer in enumerate(writers):
+                if writer[0] == pid:
+                    del writers[i]
+                    break
+            if not writers:
+                opens.pop(rel, None)
+    return touched
+
+
+def prune_dead(opens: Opens) -> None:
+    """Forget announcements of writers on this host whose process is gone (their writes are over; the session is
+    stat'ed this time anyway). Another host's writer, or a reused pid, keeps its session looked at: safe."""
+    host = socket.gethostname()
+    for rel in list(opens):
+        alive = []
+        for writer in opens[rel]:
+            pid = writer[0]
+            if writer[1] == host and isinstance(pid, int) and pid != os.getpid() and not _pid_alive(pid):
+                continue
+            alive.append(writer)
+        if alive:
+            opens[rel] = alive
+        else:
+            del opens[rel]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def held_locks(dev: int) -> dict[int, int] | None:
+    """``inode -> pid`` of every exclusive ``flock`` on device ``dev`` (Linux), ``None`` where unknown."""
+    try:
+        with open(_PROC_LOCKS, encoding="ascii", errors="replace") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return None
+    out: dict[int, int] = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "WRITE":
+            continue
+        where = fields[5]
+        major, _, rest = where.partition(":")
+        minor, _, inode = rest.partition(":")
+        try:
+            if (int(major, 16), int(minor, 16)) == (os.major(dev), os.minor(dev)):
+                out[int(inode)] = int(fields[4])
+        except ValueError:
+            continue
+    return out
+
+
+def unknown_locks(locks: dict[int, int], opens: Opens) -> dict[int, int]:
+    """The held locks no announced writer named as its own."""
+    known = {int(w[2]) for writers in opens.values() for w in writers if isinstance(w[2], int)}
+    return {ino: pid for ino, pid in locks.items() if ino not in known}

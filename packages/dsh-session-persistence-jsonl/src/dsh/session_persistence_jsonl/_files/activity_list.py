@@ -1,0 +1,360 @@
+"""Listing through the activity index (``activity.py``): the proved first page, and the scan that rebuilds it.
+
+Blocking code for worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import heapq
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable, Iterator
+
+from dsh.session_persistence.backend import (
+    ListQuery,
+    SessionHeader,
+    SessionListing,
+    SessionPersistenceCorruptionError,
+)
+
+from .._format.frames import Compression
+from . import activity
+from .activity import RACY_NS, Entry, IndexState, Snapshot
+from .activity_journal import JOURNAL_NAME
+from .fs import revision_of
+from .layout import TRANSCRIPT_STEM, decode_segment, project_dir_name, suffix_for
+from .lease import LOCK_FILENAME
+
+__all__ = ["Candidate", "indexed_page", "rebuild"]
+
+Checkpoint = Callable[[], None]
+#: ``(-mtime_ms, session_id, path, stat)``: a tuple sorts in the "recent" order without a key function.
+Candidate = tuple[int, str, str, os.stat_result]
+ReadHeader = Callable[[str, Compression, Candidate, int, Checkpoint], SessionHeader | None]
+#: A listing rewrites the snapshot once it had to stat this many sessions, or read this much journal, itself.
+REWRITE_FRESH = 256
+REWRITE_JOURNAL_BYTES = 1 << 20
+#: Sessions changed since the sorted body was written are kept in front of it, unsorted, up to this many.
+DELTA_MAX = 4096
+
+
+def _session_id(name: str) -> str:
+    return name if "~" not in name else decode_segment(name)
+
+
+def _sort_key(entry: Entry) -> tuple[int, str]:
+    return (-(entry.mtime_ns // 1_000_000), _session_id(entry.name))
+
+
+def _dirs(path: str) -> Iterator[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    yield entry
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+def _duplicate(session_id: str, first: str, second: str) -> SessionPersistenceCorruptionError:
+    return SessionPersistenceCorruptionError(
+        f'duplicate JSONL session id "{session_id}" appears in multiple project directories: {first}, {second}'
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The full scan
+
+
+def rebuild(root: str, compression: Compression, checkpoint: Checkpoint) -> list[Candidate]:
+    """Every session with its ``stat`` (one per session), and a fresh snapshot of them for the next listing."""
+    suffix = "/" + TRANSCRIPT_STEM + suffix_for(compression)
+    boot = activity.boot_id()
+    journal = activity.journal_identity(root)
+    now = time.time_ns()
+    try:
+        root_st = os.stat(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    locks = activity.held_locks(root_st.st_dev)  # before the journal: a writer that locks later announces later
+    read = activity.read_journal(root, 0) if journal is not None else None
+    if read is None and journal is not None and journal[1]:
+        # Not our records: start a new journal (writers open it per record); live writers are found by their locks.
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(root, JOURNAL_NAME))
+        journal = (0, 0, 0)
+    records, offset = read if read is not None else ([], 0)
+    opens: activity.Opens = {}
+    activity.fold_journal(opens, records)
+    activity.prune_dead(opens)
+    projects: dict[str, tuple[int, int, int]] = {}
+    entries: list[Entry] = []
+    out: list[Candidate] = []
+    seen: dict[str, str] = {}
+    lock_inodes: dict[int, str] = {}
+    for project in _dirs(root):
+        checkpoint()
+        try:
+            pst = os.stat(project.path)  # before its entries: a change after this moves its mtime
+        except FileNotFoundError:
+            continue
+        projects[project.name] = (pst.st_mtime_ns, pst.st_ino, now)
+        for entry in _dirs(project.path):
+            path = entry.path + suffix
+            try:
+                st = os.stat(path)
+                session_id = _session_id(entry.name)
+            except (FileNotFoundError, NotADirectoryError, ValueError):
+                continue
+            if session_id in seen:
+                raise _duplicate(session_id, seen[session_id], path)
+            seen[session_id] = path
+            entries.append(Entry(st.st_mtime_ns, st.st_size, st.st_ino, entry.inode(), project.name, entry.name))
+            out.append((-(st.st_mtime_ns // 1_000_000), session_id, path, st))
+            lock_ino = _lock_inode(entry.path)
+            if lock_ino:
+                lock_inodes[lock_ino] = project.name + "/" + entry.name
+    if locks:
+        # A session locked by a writer the journal does not name (a 0.2 writer) is looked at while it lives.
+        host = socket.gethostname()
+        for ino, pid in activity.unknown_locks(locks, opens).items():
+            rel = lock_inodes.get(ino)
+            if rel is not None:
+                opens.setdefault(rel, []).append([pid, host, ino])
+    if boot is not None and journal is not None:
+        state = IndexState(
+            compression,
+            boot,
+            (journal[0], journal[1], offset),
+            (root_st.st_mtime_ns, root_st.st_ino, now),
+            projects,
+            opens,
+        )
+        activity.write(root, state, entries, _sort_key, set(lock_inodes))
+    return out
+
+
+def _lock_inode(session_dir: str) -> int:
+    try:
+        return os.lstat(os.path.join(session_dir, LOCK_FILENAME)).st_ino
+    except OSError:
+        return 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The proved page
+
+
+def _projects_now(root: str, state: IndexState, now: int) -> tuple[dict[str, tuple[int, int, int]], set[str]]:
+    """Project directories as they are, and the ones to read again (new, changed, or changed too recently)."""
+    root_st = os.stat(root)
+    rec = state.root
+    if (root_st.st_mtime_ns, root_st.st_ino) != rec[:2] or rec[0] >= rec[2] - RACY_NS:
+        names = [entry.name for entry in _dirs(root)]
+    else:
+        names = list(state.projects)
+    out: dict[str, tuple[int, int, int]] = {}
+    changed: set[str] = set()
+    for name in names:
+        try:
+            pst = os.lstat(os.path.join(root, name))
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(pst.st_mode):
+            continue
+        old = state.projects.get(name)
+        if old is None or old[:2] != (pst.st_mtime_ns, pst.st_ino) or old[0] >= old[2] - RACY_NS:
+            changed.add(name)
+            out[name] = (pst.st_mtime_ns, pst.st_ino, now)
+        else:
+            out[name] = old
+    return out, changed
+
+
+class _Stale(Exception):
+    """The snapshot cannot be proved: a full scan answers."""
+
+
+def indexed_page(
+    root: str, compression: Compression, query: ListQuery, cap: int, checkpoint: Checkpoint, read_header: ReadHeader
+) -> list[SessionListing] | None:
+    """A "recent" page through the snapshot, proved as ``activity.py`` says; ``None``: scan instead."""
+    boot = activity.boot_id()
+    if boot is None or query.order != "recent" or query.limit is None:
+        return None
+    snap = activity.load(root, compression, boot)
+    journal = activity.journal_identity(root)
+    if snap is None or journal is None:
+        return None
+    try:
+        return _page(root, compression, query, cap, checkpoint, read_header, snap, journal, boot)
+    except (_Stale, FileNotFoundError, NotADirectoryError, activity.IndexFormatError, ValueError):
+        return None
+
+
+def _page(
+    root: str,
+    compression: Compression,
+    query: ListQuery,
+    cap: int,
+    checkpoint: Checkpoint,
+    read_header: ReadHeader,
+    snap: Snapshot,
+    journal: tuple[int, int, int],
+    boot: str,
+) -> list[SessionListing]:
+    state = snap.state
+    dev, ino, start = state.journal
+    if ino and (dev, ino) != journal[:2]:
+        raise _Stale  # the journal was replaced: records may be missing
+    start = start if ino else 0
+    locks = activity.held_locks(os.stat(root).st_dev)
+    read = activity.read_journal(root, start)
+    if read is None:
+        raise _Stale
+    records, offset = read
+    opens = copy.deepcopy(state.opens)
+    touched = activity.fold_journal(opens, records)
+    unknown = activity.unknown_locks(locks, opens) if locks else {}
+    if unknown and not unknown.keys().isdisjoint(snap.lock_inodes()):
+        raise _Stale  # a live writer the journal does not name holds one of these sessions
+    # Every session announced and not retired is stat'ed, a writer that died since included (its last write may
+    # be newer than anything the snapshot saw); only then is the dead one forgotten.
+    fresh_rels = touched | set(opens)
+    announced = len(opens)
+    activity.prune_dead(opens)
+    now = time.time_ns()
+    projects, changed = _projects_now(root, state, now)
+    present: dict[str, set[str]] = {}
+    for project in changed:
+        checkpoint()
+        known = snap.names_in(project)
+        names = present[project] = set()
+        for entry in _dirs(os.path.join(root, project)):
+            names.add(entry.name)
+            if known.get(entry.name) != entry.inode():  # new, or replaced (copied over, recreated)
+                fresh_rels.add(project + "/" + entry.name)
+    suffix = "/" + TRANSCRIPT_STEM + suffix_for(compression)
+    fresh: dict[str, tuple[Entry, os.stat_result]] = {}
+    for rel in fresh_rels:
+        project, _, name = rel.partition("/")
+        if project not in projects or (project in present and name not in present[project]):
+            continue
+        try:
+            st = os.stat(os.path.join(root, rel) + suffix)
+            dir_ino = os.lstat(os.path.join(root, rel)).st_ino
+            _session_id(name)
+        except (FileNotFoundError, NotADirectoryError, ValueError):
+            continue
+        fresh[rel] = (Entry(st.st_mtime_ns, st.st_size, st.st_ino, dir_ino, project, name), st)
+
+    delta = snap.delta()
+    superseded = {e.rel for e in delta}
+
+    def alive(e: Entry) -> bool:
+        if e.project not in projects or e.rel in fresh_rels:
+            return False
+        names = present.get(e.project)
+        return names is None or e.name in names
+
+    def alive_in_body(e: Entry) -> bool:
+        return e.rel not in superseded and alive(e)
+
+    stream = heapq.merge(
+        filter(alive_in_body, snap.stream()), sorted(filter(alive, delta), key=_sort_key), key=_sort_key
+    )
+
+    heap: list[tuple[int, str, str, os.stat_result]] = [
+        (-(st.st_mtime_ns // 1_000_000), _session_id(e.name), e.rel, st) for e, st in fresh.values()
+    ]
+    heapq.heapify(heap)
+    repaired: dict[str, tuple[Entry, os.stat_result]] = {}
+    rows = _emit(root, compression, query, cap, checkpoint, read_header, heap, stream, repaired, suffix)
+    pruned = len(opens) != announced
+    if changed or repaired or pruned or len(fresh_rels) > REWRITE_FRESH or offset - start > REWRITE_JOURNAL_BYTES:
+        updated = {**fresh, **repaired}
+        new_delta = [e for e in delta if alive(e) and e.rel not in updated]
+        new_delta.extend(e for e, _st in updated.values())
+        root_st = os.stat(root)
+        new_root = (root_st.st_mtime_ns, root_st.st_ino, now) if root_st.st_mtime_ns != state.root[0] else state.root
+        new_state = IndexState(compression, boot, (journal[0], journal[1], offset), new_root, projects, opens)
+        lock_inodes = snap.lock_inodes()
+        lock_inodes.update(_lock_inode(os.path.join(root, rel)) for rel in fresh)
+        lock_inodes.discard(0)
+        if len(new_delta) <= DELTA_MAX:
+            activity.write_delta(root, new_state, snap, new_delta, lock_inodes)
+        else:  # fold the delta into a sorted body again
+            newer = {e.rel for e in new_delta}
+            kept = [e for e in snap.stream() if e.rel not in newer and alive_in_body(e)]
+            activity.write(root, new_state, [*kept, *new_delta], _sort_key, lock_inodes)
+    return rows
+
+
+def _emit(
+    root: str,
+    compression: Compression,
+    query: ListQuery,
+    cap: int,
+    checkpoint: Checkpoint,
+    read_header: ReadHeader,
+    heap: list[tuple[int, str, str, os.stat_result]],
+    stream: Iterator[Entry],
+    repaired: dict[str, tuple[Entry, os.stat_result]],
+    suffix: str,
+) -> list[SessionListing]:
+    """Merge the stat'ed sessions with the snapshot's order, stat'ing each snapshot entry before it is used."""
+    limit = query.limit
+    assert limit is not None
+    wanted = project_dir_name(query.cwd) if query.cwd is not None else None
+    head: Entry | None = next(stream, None)
+    rows: list[SessionListing] = []
+    emitted: dict[str, str] = {}
+    last: tuple[int, str] | None = None
+    while len(rows) < limit:
+        head_key = _sort_key(head) if head is not None else None
+        if heap and (head_key is None or heap[0][:2] <= head_key):
+            neg, session_id, rel, st = heapq.heappop(heap)
+        elif head is not None and head_key is not None:
+            entry, head = head, next(stream, None)
+            path = os.path.join(root, entry.rel) + suffix
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if not entry.matches(st):
+                key = (-(st.st_mtime_ns // 1_000_000), head_key[1])
+                if last is not None and key < last:
+                    raise _Stale  # it belonged before a row already chosen: the snapshot lied
+                repaired[entry.rel] = (
+                    Entry(st.st_mtime_ns, st.st_size, st.st_ino, entry.dir_ino, entry.project, entry.name),
+                    st,
+                )
+                heapq.heappush(heap, (key[0], key[1], entry.rel, st))
+                continue
+            neg, session_id, rel = head_key[0], head_key[1], entry.rel
+        else:
+            break
+        last = (neg, session_id)
+        ms = -neg
+        if query.since is not None and ms < query.since:
+            break
+        project = rel.partition("/")[0]
+        if wanted is not None and project != wanted:
+            continue
+        after = query.after
+        if after is not None and (ms > after.key or (ms == after.key and session_id <= after.session_id)):
+            continue
+        checkpoint()
+        path = os.path.join(root, rel) + suffix
+        if session_id in emitted and emitted[session_id] != path:
+            raise _duplicate(session_id, emitted[session_id], path)
+        header = read_header(root, compression, (neg, session_id, path, st), cap, checkpoint)
+        if header is None or not query.matches_header(header):
+            continue
+        emitted[session_id] = path
+        rows.append(SessionListing(header, ms, revision_of(st)))
+    return rows

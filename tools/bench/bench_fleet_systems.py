@@ -1,0 +1,179 @@
+"""Section 12's systems (see :mod:`bench_fleet`): a session opens, appends an event (buffered), passes a barrier
+(durable) and closes, in dsh, the raw floor (a worker thread or inline) and SQLiteSession."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import anyio
+import msgspec
+import zstandard
+from bench_common import _jsonl
+from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
+
+#: The cwd every fleet session is created under.
+CWD = "/home/bench/fleet"
+
+# --------------------------------------------------------------------------------------------------------------
+# The systems: open a session, append an event (buffered), a barrier (durable), close
+
+
+class System:
+    async def open(self, index: int) -> Any:
+        raise NotImplementedError
+
+    def append(self, handle: Any, etype: str, data: dict[str, Any], seqs: list[int] | None = None) -> int:
+        raise NotImplementedError
+
+    async def barrier(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        return None
+
+
+class DshSystem(System):
+    def __init__(self, where: str) -> None:
+        self.host = Host()
+        self.store = SessionStore(self.host)
+        self.coordinator = PersistenceCoordinator(self.host, _jsonl(where))
+        self.sessions: list[Any] = []
+
+    async def start(self) -> None:
+        await self.coordinator.__aenter__()
+
+    async def open(self, index: int) -> Any:
+        session = self.store.create(f"fleet-{index}", meta={"cwd": CWD})
+        session.append("turn/start", {"turn": 1})
+        await self.store.flush(session)
+        self.sessions.append(session)
+        return session
+
+    def append(self, handle: Any, etype: str, data: dict[str, Any], seqs: list[int] | None = None) -> int:
+        return int(handle.append(etype, data, source_event_seqs=seqs).seq)
+
+    async def barrier(self, handle: Any) -> None:
+        await self.store.flush(handle)
+
+    async def aclose(self) -> None:
+        for session in self.sessions:
+            self.store.dispose(session)
+        await self.coordinator.__aexit__(None, None, None)
+
+
+class _RawLog:
+    __slots__ = ("fd", "pending", "seq")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending: list[bytes] = []
+        self.seq = 0
+
+
+def _write_sync(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
+
+
+class RawSystem(System):
+    """The raw floor: msgspec lines as events come; at a barrier one zstd frame, ``write`` + ``fsync``."""
+
+    def __init__(self, where: str, *, inline: bool) -> None:
+        self.where = where
+        self.inline = inline
+        self.logs: list[_RawLog] = []
+        self.encoder = msgspec.json.Encoder()
+        self.compressor = zstandard.ZstdCompressor(level=3)
+        os.makedirs(where, exist_ok=True)
+
+    async def open(self, index: int) -> Any:
+        path = os.path.join(self.where, f"fleet-{index}.jsonl.zstd")
+        log = _RawLog(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
+        self.append(log, "session/header", {"id": f"fleet-{index}", "cwd": CWD})
+        await self.barrier(log)
+        self.logs.append(log)
+        return log
+
+    def append(self, handle: Any, etype: str, data: dict[str, Any], seqs: list[int] | None = None) -> int:
+        seq = handle.seq
+        event: dict[str, Any] = {"type": etype, "seq": seq, "time": int(time.time() * 1000), "data": data}
+        if seqs is not None:
+            event["sourceEventSeqs"] = seqs
+        handle.pending.append(self.encoder.encode(event) + b"\n")
+        handle.seq += 1
+        return int(seq)
+
+    async def barrier(self, handle: Any) -> None:
+        if not handle.pending:
+            return
+        frame = self.compressor.compress(b"".join(handle.pending))
+        handle.pending.clear()
+        if self.inline:
+            _write_sync(handle.fd, frame)
+        else:
+            await anyio.to_thread.run_sync(_write_sync, handle.fd, frame)
+
+    async def aclose(self) -> None:
+        for log in self.logs:
+            os.close(log.fd)
+
+
+class _SqliteLog:
+    __slots__ = ("pending", "seq", "session")
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.pending: list[dict[str, Any]] = []
+        self.seq = 0
+
+
+class SqliteSystem(System):
+    """OpenAI Agents SDK ``SQLiteSession`` as it ships: a file per session, or one shared file."""
+
+    def __init__(self, where: str, *, shared: bool) -> None:
+        self.where = where
+        self.shared = shared
+        self.logs: list[_SqliteLog] = []
+        os.makedirs(where, exist_ok=True)
+
+    async def open(self, index: int) -> Any:
+        from agents import SQLiteSession  # type: ignore[import-not-found, unused-ignore]
+
+        db = os.path.join(self.where, "shared.db" if self.shared else f"fleet-{index}.db")
+        log = _SqliteLog(SQLiteSession(f"fleet-{index}", db))
+        log.pending.append({"type": "session/header", "data": {"id": f"fleet-{index}"}})
+        await self.barrier(log)
+        self.logs.append(log)
+        return log
+
+    def append(self, handle: Any, etype: str, data: dict[str, Any], seqs: list[int] | None = None) -> int:
+        seq = handle.seq
+        handle.seq += 1
+        item: dict[str, Any] = {"type": etype, "seq": seq, "time": int(time.time() * 1000), "data": data}
+        if seqs is not None:
+            item["sourceEventSeqs"] = seqs
+        handle.pending.append(item)
+        return int(seq)
+
+    async def barrier(self, handle: Any) -> None:
+        if handle.pending:
+            items, handle.pending = handle.pending, []
+            await handle.session.add_items(items)
+
+    async def aclose(self) -> None:
+        for log in self.logs:
+            log.session.close()
+
+
+def make_system(name: str, where: str) -> System:
+    if name == "dsh":
+        return DshSystem(where)
+    if name in ("raw_thread", "raw_inline"):
+        return RawSystem(where, inline=name == "raw_inline")
+    if name in ("sqlite_file", "sqlite_shared"):
+        return SqliteSystem(where, shared=name == "sqlite_shared")
+    raise SystemExit(f"unknown fleet system {name!r}")
