@@ -41,11 +41,12 @@ pytestmark = pytest.mark.anyio
 
 
 def stored_files(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root`` (what a process left on disk)."""
+    """sha256 of every file under ``root`` (what a process left on disk), but the listing's activity cache
+    (``.dsh-activity.*``: a writer notes a lease it took even when it then refuses; never the truth)."""
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and not p.name.startswith(".dsh-activity.")
     }
 
 

@@ -24,7 +24,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import psycopg
 import pytest
-from dsh.session_persistence.backend import StorageMetadata
+from dsh.session_persistence.backend import SeqMismatchError, StorageMetadata
 from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 
@@ -76,8 +76,14 @@ async def test_a_write_abandoned_at_any_checkpoint_never_blocks_the_next(postgre
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(cancel_after)
                     await backend.append_batch(storage, batch, True)
-            with anyio.fail_after(SAFETY_NET):
-                await backend.append_batch(storage, batch, True)
+            with anyio.fail_after(SAFETY_NET):  # the guard: the retry is answered, never left waiting
+                try:
+                    await backend.append_batch(storage, batch, True)
+                except SeqMismatchError:
+                    # The cancelled attempt had already been sent and committed (the caller left after the send):
+                    # the store refuses the same batch twice, and holds it once.
+                    stored = await _stored(postgres_dsn, schema, "ab")
+                    assert stored is not None and stored[len(expected) :] == batch, round_no
             expected = expected + batch
     finally:
         await backend.aclose()
@@ -88,7 +94,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     import anyio
-    from dsh.session_persistence.backend import StorageMetadata
+    from dsh.session_persistence.backend import SeqMismatchError, StorageMetadata
     from dsh.session_persistence.testing import meta, simple_turn
     from dsh.session_persistence_postgres import PostgresBackend
 
