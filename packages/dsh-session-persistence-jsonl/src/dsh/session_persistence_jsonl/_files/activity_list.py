@@ -26,7 +26,7 @@ from . import activity
 from .activity import RACY_NS, Entry, IndexState, Snapshot
 from .activity_journal import JOURNAL_NAME
 from .fs import revision_of
-from .layout import TRANSCRIPT_STEM, decode_segment, project_dir_name, suffix_for
+from .layout import TRANSCRIPT_STEM, child_dirs, decode_segment, project_dir_name, suffix_for
 from .lease import LOCK_FILENAME
 
 __all__ = ["Candidate", "indexed_page", "rebuild"]
@@ -48,16 +48,6 @@ def _session_id(name: str) -> str:
 
 def _sort_key(entry: Entry) -> tuple[int, str]:
     return (-(entry.mtime_ns // 1_000_000), _session_id(entry.name))
-
-
-def _dirs(path: str) -> Iterator[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    yield entry
-    except (FileNotFoundError, NotADirectoryError):
-        return
 
 
 def _duplicate(session_id: str, first: str, second: str) -> SessionPersistenceCorruptionError:
@@ -96,14 +86,14 @@ def rebuild(root: str, compression: Compression, checkpoint: Checkpoint) -> list
     out: list[Candidate] = []
     seen: dict[str, str] = {}
     lock_inodes: dict[int, str] = {}
-    for project in _dirs(root):
+    for project in child_dirs(root):
         checkpoint()
         try:
             pst = os.stat(project.path)  # before its entries: a change after this moves its mtime
         except FileNotFoundError:
             continue
         projects[project.name] = (pst.st_mtime_ns, pst.st_ino, now)
-        for entry in _dirs(project.path):
+        for entry in child_dirs(project.path):
             path = entry.path + suffix
             try:
                 st = os.stat(path)
@@ -154,7 +144,7 @@ def _projects_now(root: str, state: IndexState, now: int) -> tuple[dict[str, tup
     root_st = os.stat(root)
     rec = state.root
     if (root_st.st_mtime_ns, root_st.st_ino) != rec[:2] or rec[0] >= rec[2] - RACY_NS:
-        names = [entry.name for entry in _dirs(root)]
+        names = [entry.name for entry in child_dirs(root)]
     else:
         names = list(state.projects)
     out: dict[str, tuple[int, int, int]] = {}
@@ -234,7 +224,7 @@ def _page(
         checkpoint()
         known = snap.names_in(project)
         names = present[project] = set()
-        for entry in _dirs(os.path.join(root, project)):
+        for entry in child_dirs(os.path.join(root, project)):
             names.add(entry.name)
             if known.get(entry.name) != entry.inode():  # new, or replaced (copied over, recreated)
                 fresh_rels.add(project + "/" + entry.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 
 from .._format.frames import Compression
 
@@ -15,6 +16,7 @@ __all__ = [
     "NO_CWD_DIR",
     "RAW_SUFFIX",
     "ZSTD_SUFFIX",
+    "child_dirs",
     "decode_segment",
     "encode_segment",
     "project_dir_name",
@@ -157,3 +159,15 @@ def transcript_path(root: str, cwd: str | None, session_id: str, compression: Co
     return os.path.join(
         root, project_dir_name(cwd), session_segment(session_id), TRANSCRIPT_STEM + suffix_for(compression)
     )
+
+
+def child_dirs(path: str) -> Iterator[os.DirEntry[str]]:
+    """The directories directly in ``path`` (none if it is missing or not a directory)."""
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                # d_type from the directory read: no stat, and symlinked aliases are never followed.
+                if entry.is_dir(follow_symlinks=False):
+                    yield entry
+    except (FileNotFoundError, NotADirectoryError):
+        return

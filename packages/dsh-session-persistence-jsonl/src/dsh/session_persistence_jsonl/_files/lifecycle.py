@@ -30,7 +30,7 @@ from .._format.records import NotAHeaderError
 from .activity_list import indexed_page, rebuild
 from .discovery import check_identity, find_transcript, read_listed
 from .fs import fsync_dir, is_file, replace_durable, revision_of
-from .layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, decode_segment, project_key, suffix_for
+from .layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, child_dirs, decode_segment, project_key, suffix_for
 from .lease import acquire_lease
 
 __all__ = ["compact_transcript", "delete_transcript", "list_artifacts", "list_rows"]
@@ -40,17 +40,6 @@ Checkpoint = Callable[[], None]
 
 #: ``(-mtime_ms, session_id, path, stat)``: a tuple sorts in the "recent" order without a key function.
 _Candidate = tuple[int, str, str, os.stat_result]
-
-
-def _dirs(path: str) -> Iterator[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                # d_type from the directory read: no stat, and symlinked aliases are never followed.
-                if entry.is_dir(follow_symlinks=False):
-                    yield entry
-    except (FileNotFoundError, NotADirectoryError):
-        return
 
 
 def _session_id(name: str) -> str:
@@ -68,7 +57,7 @@ def _candidates(root: str, compression: Compression, query: ListQuery, checkpoin
     suffix = "/" + TRANSCRIPT_STEM + suffix_for(compression)
     cwd = query.cwd
     # Every session with a given cwd lives in that cwd's project directory (the key is lossy: the header decides).
-    projects = [os.path.join(root, project_key(cwd))] if cwd is not None else [entry.path for entry in _dirs(root)]
+    projects = [os.path.join(root, project_key(cwd))] if cwd is not None else [entry.path for entry in child_dirs(root)]
     since = query.since
     after = query.after if query.order == "recent" else None
     out: list[_Candidate] = []
@@ -76,7 +65,7 @@ def _candidates(root: str, compression: Compression, query: ListQuery, checkpoin
     stat = os.stat
     for project in projects:
         checkpoint()
-        for entry in _dirs(project):
+        for entry in child_dirs(project):
             path = entry.path + suffix
             try:
                 st = stat(path)
@@ -234,7 +223,7 @@ def list_artifacts(root: str, compression: Compression, checkpoint: Checkpoint) 
     name = TRANSCRIPT_STEM + suffix_for(compression)
     flat = (RAW_SUFFIX, ZSTD_SUFFIX)
     out: list[StoredArtifact] = []
-    for project in sorted(entry.path for entry in _dirs(root)):
+    for project in sorted(entry.path for entry in child_dirs(root)):
         checkpoint()
         try:
             with os.scandir(project) as entries:
