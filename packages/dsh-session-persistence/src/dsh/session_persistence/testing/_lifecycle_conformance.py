@@ -35,8 +35,7 @@ from ._rig import BackendFactory, ConformanceRig
 
 __all__ = ["LifecycleConformance"]
 
-from ._lifecycle_base import DAY_MS, NOW_MS, _ids, _key
-from ._lifecycle_retention import _RetentionCases
+from ._lifecycle_retention import DAY_MS, NOW_MS, _ids, _key, _RetentionCases
 
 
 class LifecycleConformance(_RetentionCases):
