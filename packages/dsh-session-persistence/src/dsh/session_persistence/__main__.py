@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from ._cli import main
+from ._cli._main import main  # the function itself: ``_cli/__init__`` only re-exports it for the console script
 
 if __name__ == "__main__":  # importing the module (an API walk, a docs tool) runs nothing
     sys.exit(main())

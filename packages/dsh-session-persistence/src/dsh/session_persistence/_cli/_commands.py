@@ -11,12 +11,11 @@ from .._model.events import InterruptedReason
 from .._wire.codec import encode_event
 from ._context import Stack
 from ._errors import EXIT_DAMAGED, EXIT_KEY, EXIT_OK, KEY_HINT, CliError
-from ._examine import KEY_STATUSES, SessionReport, examine
+from ._examine import KEY_STATUSES, SessionReport, closer_plan, examine, report_json, walk
 from ._io import Io
 from ._output import human_size, local_time, table, write_json
 from ._salvage import salvage_events
 from ._transcript import render_transcript, resume_facts, resume_lines, transcript_entries
-from ._walk import closer_plan, report_json, walk
 
 __all__ = ["cmd_export", "cmd_list", "cmd_plugins", "cmd_show", "cmd_stats", "require_readable"]
 

@@ -49,11 +49,10 @@ from ._demo_script import (
     resume_script,
 )
 from ._errors import EXIT_DEMO_FAILED, EXIT_OK, EXIT_UNAVAILABLE, CliError
-from ._examine import SessionReport, examine
+from ._examine import SessionReport, closer_plan, examine
 from ._io import Io
 from ._output import write_json
 from ._transcript import REPAIR_MEANINGS, render_transcript, transcript_entries
-from ._walk import closer_plan
 
 __all__ = ["cmd_demo"]
 

@@ -1,17 +1,29 @@
-"""Read-only examination of one stored session: what ``list``, ``show``, ``verify``, ``repair`` and ``stats`` share.
+"""Read-only examination of stored sessions: what ``list``, ``show``, ``verify``, ``repair`` and ``stats`` share.
 
-``examine`` never writes. It asks the coordinator for the validated logical view (``inspect``: the stored events
-plus the in-memory closers a cold load would commit), then the backend for the stored prefix (how many events are
-on disk, whether a torn tail follows them). Damage and format refusals become a status, not an exception, so a
-walk over many sessions reports each one.
+``examine`` reads one session and never writes. It asks the coordinator for the validated logical view
+(``inspect``: the stored events plus the in-memory closers a cold load would commit), then the backend for the
+stored prefix (how many events are on disk, whether a torn tail follows them). Damage and format refusals become a
+status, not an exception, so a walk over many sessions reports each one.
+
+``walk`` examines every listed session; ``verify_walk`` every stored artifact, readable or not, so nothing damaged
+hides behind "no sessions": ``list`` (the backend's header listing) leaves out what it cannot read (a zero-length
+transcript, one without a header, a file whose name is not a session id), so with a backend that can enumerate its
+artifacts (``SupportsArtifactScan``) ``verify`` examines every artifact by name instead. ``closer_plan`` and
+``report_json`` are the per-session summaries the commands print.
+
+The walks live here with ``examine`` so that every command reads sessions through one module over the stack
+(siblings over ``_context``, not a chain of helpers: ``tools/import-graph``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
-from .._backends.protocol import SupportsLeaseProbe
+from .._backends.protocol import SupportsArtifactScan, SupportsLeaseProbe
 from .._model.errors import (
     SessionDecryptError,
     SessionFormatUnsupportedError,
@@ -22,11 +34,24 @@ from .._model.errors import (
     UnsupportedOperationError,
 )
 from .._model.events import SessionEvent
-from .._model.header import SessionHeader
+from .._model.header import SessionHeader, header_to_builtins
 from .._model.views import SessionInspection
 from ._context import Stack
+from ._io import Io
+from ._output import Progress, iso_time
 
-__all__ = ["KEY_STATUSES", "RECOVERABLE", "SessionReport", "TornInfo", "examine", "file_stat"]
+__all__ = [
+    "KEY_STATUSES",
+    "RECOVERABLE",
+    "SessionReport",
+    "TornInfo",
+    "closer_plan",
+    "examine",
+    "file_stat",
+    "report_json",
+    "verify_walk",
+    "walk",
+]
 
 #: Statuses a cold load handles on its own (``verify`` exits 0 for them); ``live``: another process holds the
 #: session's writer lease and is writing it (an open turn there is work in progress, not a crash).
@@ -178,3 +203,124 @@ def _with_cause(exc: BaseException) -> str:
     if cause is not None and str(cause) and str(cause) not in text:
         text = f"{text}: {cause}"
     return text
+
+
+@runtime_checkable
+class ListsDamaged(Protocol):
+    """A backend that reports sessions whose header cannot be listed (each on its own, never failing ``list``)."""
+
+    async def list_damaged(self) -> Sequence[Any]: ...
+
+
+async def _damaged(stack: Stack) -> list[SessionReport]:
+    if not isinstance(stack.backend, ListsDamaged):
+        return []
+    return [
+        SessionReport(id=d.session_id or d.path, status="corrupt", message=d.message, location=d.path)
+        for d in await stack.backend.list_damaged()
+    ]
+
+
+async def walk(stack: Stack, io: Io, label: str) -> list[SessionReport]:
+    """Examine every listed session (read-only), newest first by creation time; unlistable ones count as damaged."""
+    headers = await stack.coordinator.list()
+    progress = Progress(io.err, label, len(headers))
+    reports: list[SessionReport] = []
+    try:
+        for done, header in enumerate(headers, 1):
+            with contextlib.suppress(SessionNotFoundError):  # deleted since the listing: not an error
+                reports.append(await examine(stack, header.id, header))
+            progress.update(done)
+    finally:
+        progress.done()
+    reports.extend(await _damaged(stack))
+    reports.sort(key=lambda r: (r.header.created_at if r.header is not None else 0, r.id), reverse=True)
+    return reports
+
+
+def closer_plan(report: SessionReport) -> list[str]:
+    """What a cold load would write, one human line per action."""
+    lines: list[str] = []
+    torn = report.torn
+    if torn is not None:
+        size = f"{torn.bytes} bytes" if torn.bytes is not None else "the bytes"
+        where = f" at the end of {report.location}" if report.location else ""
+        # Honest about what the bytes can tell: an unfinished final write looks the same as a file cut short.
+        lines.append(
+            f"truncate a torn tail ({size}{where}) after the last complete batch: an unfinished write, as a "
+            "crash mid-append leaves, or a file cut short from outside (then whatever followed the cut is gone)"
+        )
+        if torn.recovered_events:
+            lines.append(f"re-append the {torn.recovered_events} complete event(s) found in that tail")
+    for event in report.closers:
+        data: Any = event.data
+        if event.type == "tool/result":
+            call_id = getattr(data.message.source, "call_id", "?")
+            code = getattr(data.error, "code", "?")
+            lines.append(f"append tool/result {code} for call {call_id} (seq {event.seq})")
+        elif event.type == "step/end":
+            lines.append(f"append step/end closing step {data.step} (seq {event.seq})")
+        elif event.type == "turn/end":
+            lines.append(f"append turn/end {{interrupted}} closing turn {data.turn} (seq {event.seq})")
+        else:  # pragma: no cover - repair emits only the three types above
+            lines.append(f"append {event.type} (seq {event.seq})")
+    return lines
+
+
+def report_json(report: SessionReport) -> dict[str, Any]:
+    """The machine-readable summary of one session (``list``, ``verify``, ``show``)."""
+    header = report.header
+    torn = report.torn
+    return {
+        "id": report.id,
+        "status": report.status,
+        "holder": report.holder,
+        "recoverable": report.recoverable,
+        "message": report.message,
+        "createdAt": None if header is None else header.created_at,
+        "created": None if header is None else iso_time(header.created_at),
+        "cwd": None if header is None or not isinstance(header.cwd, str) else header.cwd,
+        "header": None if header is None else header_to_builtins(header),
+        "events": report.stored_events,
+        "pendingClosers": [e.type for e in report.closers],
+        "tornTail": None if torn is None else {"bytes": torn.bytes, "recoveredEvents": torn.recovered_events},
+        "size": report.size,
+        "lastActivityAt": report.last_activity_ms,
+        "lastActivity": iso_time(report.last_activity_ms),
+        "location": report.location,
+    }
+
+
+async def verify_walk(stack: Stack, io: Io) -> list[SessionReport]:
+    """Examine every artifact (read-only), newest first by creation time, unreadable ones included."""
+    backend = stack.backend
+    if not isinstance(backend, SupportsArtifactScan):
+        return await walk(stack, io, "verifying sessions")
+    artifacts = await backend.list_artifacts()
+    progress = Progress(io.err, "verifying sessions", len(artifacts))
+    reports: list[SessionReport] = []
+    try:
+        for done, artifact in enumerate(artifacts, 1):
+            report: SessionReport | None
+            if artifact.session_id is None:
+                report = SessionReport(
+                    id=artifact.location,
+                    status="corrupt",
+                    message=f"cannot read {artifact.location}: its name does not name a session in this layout",
+                )
+            else:
+                report = None
+                with contextlib.suppress(SessionNotFoundError):  # deleted since the scan: not an error
+                    report = await examine(stack, artifact.session_id)
+            if report is None:
+                progress.update(done)
+                continue
+            if report.location is None:
+                report.location = artifact.location
+                report.size, report.mtime_ms = file_stat(artifact.location)
+            reports.append(report)
+            progress.update(done)
+    finally:
+        progress.done()
+    reports.sort(key=lambda r: (r.header.created_at if r.header is not None else 0, r.id), reverse=True)
+    return reports

@@ -17,10 +17,9 @@ from .._model.errors import SessionNotFoundError
 from .._model.events import SessionEvent, TextBlock
 from ._context import Stack
 from ._errors import EXIT_OK, EXIT_USAGE, CliError
-from ._examine import SessionReport, examine
+from ._examine import SessionReport, examine, report_json, walk
 from ._io import Io
 from ._output import Progress, human_size, iso_time, local_time, table, write_json
-from ._walk import report_json, walk
 from ._when import parse_since
 
 __all__ = ["cmd_list", "session_summary"]

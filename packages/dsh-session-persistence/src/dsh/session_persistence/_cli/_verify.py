@@ -10,12 +10,10 @@ from .._model.errors import SessionLockedError
 from ._context import Stack
 from ._discard import discard_damaged_tail
 from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_KEY, EXIT_OK, EXIT_USAGE, CliError
-from ._examine import KEY_STATUSES, SessionReport, examine
+from ._examine import KEY_STATUSES, SessionReport, closer_plan, examine, report_json, verify_walk
 from ._io import Io
 from ._output import write_json
 from ._transcript import resume_facts, resume_lines
-from ._verify_walk import verify_walk
-from ._walk import closer_plan, report_json
 
 __all__ = ["cmd_repair", "cmd_verify"]
 
