@@ -10,8 +10,8 @@ and reports medians and ratios of medians::
 Figures: see ``docs/benchmarks.md``. A package run as a directory (``python tools/bench``): this ``__main__`` parses
 the options and runs the sections, one module each (``bench_writes``: 1 and 6, ``bench_commits``: 2 and 8,
 ``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10,
-``bench_sealed``: 11, ``bench_fleet``: 12); Python puts this directory first on ``sys.path`` when it runs it,
-which is how they import each other.
+``bench_sealed``: 11, ``bench_fleet``: 12; ``bench_targets``: the table of issue #24's targets a full run ends
+with); Python puts this directory first on ``sys.path`` when it runs it, which is how they import each other.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from bench_loop import loop_section
 from bench_peers import peer_status
 from bench_pg import _pg_writer_child, postgres_section
 from bench_sealed import sealed_section
+from bench_targets import print_targets, target_rows
 from bench_writes import size_section, write_section
 
 
@@ -84,6 +85,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     f["table"] = [list(r) for r in report.rows]
+    if not args.quick:
+        rows = target_rows(f)
+        print_targets(rows)
+        f["targets"] = [{"figure": r.figure, "target": r.target, "value": r.value, "verdict": r.verdict} for r in rows]
     return f
 
 
@@ -126,12 +131,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet-only", action="store_true", help="only the fleet of live sessions (section 12)")
     parser.add_argument("--fleet-sessions", metavar="N,N", help="fleet sizes (default 1,100,1000)")
     parser.add_argument("--fleet-seconds", type=float, default=10.0, help="seconds per fleet cell (default 10)")
+    parser.add_argument(
+        "--targets-from",
+        metavar="FILE",
+        help="print the issue #24 targets of an earlier --json FILE, then exit",
+    )
     parser.add_argument("--_fleet-child", help=argparse.SUPPRESS)
     parser.add_argument("--_big-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_load-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_many-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_pg-writer-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.targets_from:
+        with open(args.targets_from) as fh:
+            print_targets(target_rows(json.load(fh)))
+        return 0
     if args._pg_writer_child:
         _pg_writer_child(*args._pg_writer_child)
         return 0

@@ -27,6 +27,8 @@ class WriteRun:
     bytes: int
     reload_s: float | None = None
     partial: str | None = None
+    #: ``load`` right after an ``inspect`` of the same session on the same coordinator (the preparation cache).
+    resume_s: float | None = None
 
 
 def _jsonl(root: str, *, pack_chunks: bool = True) -> Any:

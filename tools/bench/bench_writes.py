@@ -30,7 +30,8 @@ async def run_dsh(ops: list[Op], where: str, *, pack_chunks: bool = True) -> Wri
     seconds, events = await full_stack_write(ops, _jsonl(where, pack_chunks=pack_chunks))
     # Reload: a fresh host and coordinator (a cold process), end to end.
     reload_s = await _dsh_reload(where, pack_chunks, events)
-    return WriteRun(seconds, events, _tree_size(where), reload_s)
+    resume_s = await _dsh_resume_after_preview(where, pack_chunks, events)
+    return WriteRun(seconds, events, _tree_size(where), reload_s, resume_s=resume_s)
 
 
 async def full_stack_write(ops: list[Op], backend: Any, *, warm: bool = False) -> tuple[float, int]:
@@ -70,6 +71,21 @@ async def _dsh_reload(where: str, pack_chunks: bool, expected: int) -> float:
         seconds = time.perf_counter() - start
     if len(view.events) != expected:
         raise AssertionError(f"dsh reload returned {len(view.events)} events, expected {expected}")
+    return seconds
+
+
+async def _dsh_resume_after_preview(where: str, pack_chunks: bool, expected: int) -> float:
+    """A resume that follows a preview: on a fresh host, ``inspect`` (a picker's preview, not timed), then the
+    timed ``load`` of the same unchanged session, which the preparation cache serves after one revision check."""
+    host = Host()
+    SessionStore(host)
+    async with PersistenceCoordinator(host, _jsonl(where, pack_chunks=pack_chunks)) as c:
+        preview = await c.inspect(SESSION_ID)
+        start = time.perf_counter()
+        view = await c.load(SESSION_ID)
+        seconds = time.perf_counter() - start
+    if len(view.events) != expected or len(preview.events) != expected:
+        raise AssertionError(f"dsh resume returned {len(view.events)} events, expected {expected}")
     return seconds
 
 

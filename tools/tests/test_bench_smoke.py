@@ -71,6 +71,8 @@ def _positive(value: object) -> bool:
         ("commit", "ratio", "dsh_vs_raw"),
         ("commit", "reload_ms", "dsh"),
         ("commit", "reload_ms", "raw"),
+        ("commit", "resume_after_preview_ms"),
+        ("commit", "ratio", "resume_after_preview_vs_reload"),
         ("many_sessions", "asyncio-1", "p99_ms"),
         ("many_sessions", "asyncio-100", "p99_ms"),
         ("many_sessions", "trio-100", "p99_ms"),
