@@ -134,6 +134,7 @@ class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
         self._signal: CancelSignal | None = None
         self._slots: list[_Slot] = []  # the current step's started tool calls
         self._requested = False  # whether this loop instance already logged a request header
+        self._context_scan = (None, 0, None)  # see ModelSteps._request_context
         self._closed = False
         self._require_checkpoint_policy = require_checkpoint_policy
         self._preflight_done = not self._owns_session  # a created session is checked against storage first

@@ -18,6 +18,7 @@ from .._model.events import (
     FinishReason,
     ReasoningDeltaChunk,
     RequestContext,
+    RequestContextData,
     StreamChunk,
     TextDeltaChunk,
     ToolCallDeltaChunk,
@@ -104,6 +105,9 @@ class ModelSteps:
     _session: Session
     _tool_specs: tuple[Any, ...]
     _requested: bool
+    #: The last ``request/context`` data found, the events scanned for it, and the last scanned event (to notice a
+    #: log cut and refilled to the same length).
+    _context_scan: tuple[RequestContextData | None, int, object]
 
     #: The tool half of the step (``ToolSteps._run_tools`` in AgentLoop); declared, never defined here.
     _run_tools: Callable[[int, int, list[dict[str, Any]], CancelSignal], Awaitable[None]]
@@ -121,13 +125,27 @@ class ModelSteps:
             session.append("request/header", {"header": header, "reason": "initial" if previous is None else "resume"})
         elif previous is None or _builtins(previous) != header:
             session.append("request/header", {"header": header, "reason": "change"})
-        context = None
-        for event in reversed(session.events):
+        context = self._request_context()
+        if context is None or (context.provider, context.model) != (self.provider, self.model):
+            session.append("request/context", {"provider": self.provider, "model": self.model})
+
+    def _request_context(self) -> RequestContextData | None:
+        """The request context in force: the data of the log's last ``request/context`` event.
+
+        Scans only the events appended since the last call (a step used to walk the whole log back to the context
+        logged in the first turn: quadratic over a long session); a log cut since (``truncate``) is scanned again.
+        """
+        events = self._session.events
+        context, scanned, last = self._context_scan
+        if scanned > len(events) or (scanned and events[scanned - 1] is not last):
+            context, scanned = None, 0
+        for event in reversed(events[scanned:]):
             if type(event) is RequestContext:
                 context = event.data
                 break
-        if context is None or (context.provider, context.model) != (self.provider, self.model):
-            session.append("request/context", {"provider": self.provider, "model": self.model})
+        if events:
+            self._context_scan = (context, len(events), events[-1])
+        return context
 
     async def _step(self, turn: int, step: int, signal: CancelSignal) -> Literal["completed", "max-tokens"] | None:
         session = self._session
