@@ -22,7 +22,7 @@ from dsh.session_persistence.backend import (
 from dsh.session_persistence.encryption import SessionDecryptError, SessionKeyError, StaticKeyProvider
 from dsh.session_persistence.events import OpaqueEvent, SessionEvent
 from dsh.session_persistence.testing import meta
-from dsh.session_persistence_postgres import SEALED_SCHEMA_VERSION, SCHEMA_VERSION, PostgresBackend
+from dsh.session_persistence_postgres import SCHEMA_VERSION, SEALED_SCHEMA_VERSION, PostgresBackend
 
 from ._pgserver import PgCluster
 from ._sealed import KEY_NEW, KEY_OLD, provider
@@ -165,9 +165,13 @@ async def test_an_altered_row_fails_authentication(postgres_dsn: str, schema: st
     elif where == "tag":
         _sql(postgres_dsn, f"UPDATE {table} SET body = %s WHERE session_id = 's1' AND seq = %s", (_flip(body, -1), seq))
     elif where == "nonce":
-        _sql(postgres_dsn, f"UPDATE {table} SET nonce = %s WHERE session_id = 's1' AND seq = %s", (_flip(nonce, 5), seq))
+        _sql(
+            postgres_dsn, f"UPDATE {table} SET nonce = %s WHERE session_id = 's1' AND seq = %s", (_flip(nonce, 5), seq)
+        )
     elif where == "flag":
-        _sql(postgres_dsn, f"UPDATE {table} SET compressed = NOT compressed WHERE session_id = 's1' AND seq = %s", (seq,))
+        _sql(
+            postgres_dsn, f"UPDATE {table} SET compressed = NOT compressed WHERE session_id = 's1' AND seq = %s", (seq,)
+        )
     else:
         _sql(postgres_dsn, f"UPDATE {table} SET key_id = 'k1' WHERE session_id = 's1' AND seq = %s", (seq,))
     with pytest.raises(SessionDecryptError, match=r'session "s1": the event at seq 1 fails authentication'):
