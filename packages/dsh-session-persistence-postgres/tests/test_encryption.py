@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import psycopg
 import pytest
 from dsh.session_persistence.backend import (
@@ -367,7 +369,6 @@ def test_a_02_reader_refuses_a_sealed_store_and_opens_a_plaintext_one(
     postgres_dsn: str, fresh_schema: Callable[[], str], tmp_path: Path
 ) -> None:
     """The released 0.2 schema check, run in a child process against a store this build sealed."""
-    import anyio
 
     sealed, plain = fresh_schema(), fresh_schema()
     anyio.run(_write, postgres_dsn, sealed, "s", [_blob(0, "a"), _blob(1, "b")], provider())
@@ -399,7 +400,6 @@ def test_a_02_reader_refuses_a_sealed_store_and_opens_a_plaintext_one(
 def test_key_options_and_the_cli_against_a_postgres_url(
     postgres_dsn: str, schema: str, marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import anyio
 
     anyio.run(_write, postgres_dsn, schema, "s1", _events(marker), provider())
     text = ",".join(f"{kid}:{base64.b64encode(key).decode()}" for kid, key in (("k2", KEY_NEW), ("k1", KEY_OLD)))
@@ -429,3 +429,25 @@ def test_key_options_and_the_cli_against_a_postgres_url(
     assert marker in out
     code, _out, err = cli("--key-env", "PG_TEST_KEYS", "re-encrypt", "s1")
     assert code == 0, err
+
+
+async def test_a_write_retried_after_an_unknown_outcome_is_recognized_sealed(
+    postgres_dsn: str, schema: str, marker: str
+) -> None:
+    """The read-back before a retry (``after_unknown``): the retry seals again (new nonces; for a first batch a new
+    seal id), so the stored rows are compared by what they open to, never by their ciphertext."""
+    backend = PostgresBackend(postgres_dsn, schema=schema, encryption=provider())
+    storage = StorageMetadata(meta("s1"))
+    store, codec = backend._store, backend._codec
+    first = [codec.encode(e) for e in _events(marker)]
+    later = [codec.encode(e) for e in _events(marker, 3)]
+    try:
+        await anyio.to_thread.run_sync(lambda: store.append(storage, first, 0, True))
+        await anyio.to_thread.run_sync(lambda: store.append(storage, first, 0, True, after_unknown=True))
+        await anyio.to_thread.run_sync(lambda: store.append(storage, later, 3, False))
+        before = _rows(postgres_dsn, schema, "s1")
+        await anyio.to_thread.run_sync(lambda: store.append(storage, later, 3, False, after_unknown=True))
+        assert _rows(postgres_dsn, schema, "s1") == before  # found stored: nothing sent again
+    finally:
+        await backend.aclose()
+    assert await _load(postgres_dsn, schema, "s1", provider()) == _events(marker) + _events(marker, 3)
