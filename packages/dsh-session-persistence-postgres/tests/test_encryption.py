@@ -213,12 +213,31 @@ def _copy_row(dsn: str, table: str, source: tuple[str, int], target: tuple[str, 
     )
 
 
+def _transplant(dsn: str, source: tuple[str, str], target: tuple[str, str]) -> None:
+    """Every row of session ``source`` (schema, id) over the rows of ``target``, with its plaintext seal id too."""
+    (src_schema, src_id), (dst_schema, dst_id) = source, target
+    _sql(
+        dsn,
+        f'UPDATE "{dst_schema}".dsh_sessions t SET seal_id = s.seal_id FROM "{src_schema}".dsh_sessions s'
+        " WHERE t.id = %s AND s.id = %s",
+        (dst_id, src_id),
+    )
+    for seq in range(3):
+        _sql(
+            dsn,
+            f'UPDATE "{dst_schema}".dsh_events t SET body = s.body, compressed = s.compressed, key_id = s.key_id,'
+            f' nonce = s.nonce FROM "{src_schema}".dsh_events s'
+            " WHERE t.session_id = %s AND t.seq = %s AND s.session_id = %s AND s.seq = %s",
+            (dst_id, seq, src_id, seq),
+        )
+
+
 async def test_a_row_copied_to_another_session_seq_or_store_fails_authentication(
     postgres_dsn: str, fresh_schema: Callable[[], str], marker: str
 ) -> None:
     schema, other = fresh_schema(), fresh_schema()
     same = [_blob(0, marker), _blob(1, marker), _blob(2, marker)]  # same plaintext everywhere: only the place differs
-    for sid in ("a", "b", "c"):
+    for sid in ("a", "b", "c", "d"):
         await _write(postgres_dsn, schema, sid, same, provider())
     await _write(postgres_dsn, other, "a", same, provider())
     table = f'"{schema}".dsh_events'
@@ -228,13 +247,12 @@ async def test_a_row_copied_to_another_session_seq_or_store_fails_authentication
     _copy_row(postgres_dsn, table, ("c", 0), ("c", 1))  # another seq of the same session
     with pytest.raises(SessionDecryptError, match=r'session "c": the event at seq 1 fails authentication'):
         await _load(postgres_dsn, schema, "c", provider())
-    # Another store (schema), same session id and seq.
-    _sql(
-        postgres_dsn,
-        f'UPDATE "{other}".dsh_events t SET body = s.body, nonce = s.nonce FROM {table} s'
-        " WHERE t.session_id = 'a' AND t.seq = 2 AND s.session_id = 'a' AND s.seq = 2",
-    )
-    with pytest.raises(SessionDecryptError, match=r'session "a": the event at seq 2 fails authentication'):
+    # A whole session moved, its (plaintext) seal id with it: to another id, and to the same id in another store.
+    _transplant(postgres_dsn, (schema, "a"), (schema, "d"))
+    with pytest.raises(SessionDecryptError, match=r'session "d": the event at seq 0 fails authentication'):
+        await _load(postgres_dsn, schema, "d", provider())
+    _transplant(postgres_dsn, (schema, "a"), (other, "a"))
+    with pytest.raises(SessionDecryptError, match=r'session "a": the event at seq 0 fails authentication'):
         await _load(postgres_dsn, other, "a", provider())
     assert await _load(postgres_dsn, schema, "a", provider()) == same  # the source is untouched
 
