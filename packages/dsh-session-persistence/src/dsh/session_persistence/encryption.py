@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import re
 import stat
@@ -190,7 +191,10 @@ class CallbackKeyProvider:
         return key
 
 
+@functools.lru_cache(maxsize=16)
 def _aesgcm(key: bytes) -> Any:
+    # Cached per key: building the cipher object (its key schedule) per sealed unit cost as much as the
+    # sealing itself for small events. AESGCM objects are immutable, so threads share them safely.
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError as exc:  # the optional extra is not installed
