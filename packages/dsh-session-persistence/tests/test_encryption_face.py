@@ -29,7 +29,7 @@ def test_a_seal_opens_only_with_its_key_nonce_and_associated_data() -> None:
     assert open_sealed(KEY, bytes(NONCE_BYTES), sealed, b"place") is None
     assert open_sealed(KEY, nonce, sealed[:-1] + bytes([sealed[-1] ^ 1]), b"place") is None
     assert open_sealed(KEY, nonce[:4], sealed, b"place") is None  # a truncated nonce: refused, not a ValueError
-    assert open_sealed(KEY, nonce, sealed[:TAG_BYTES - 1], b"place") is None
+    assert open_sealed(KEY, nonce, sealed[: TAG_BYTES - 1], b"place") is None
     assert seal(KEY, b"x", b"")[0] != seal(KEY, b"x", b"")[0]  # a fresh random nonce each time
 
 
