@@ -419,7 +419,7 @@ def test_key_options_and_the_cli_against_a_postgres_url(
     postgres_dsn: str, schema: str, marker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
 
-    anyio.run(_write, postgres_dsn, schema, "s1", _events(marker), provider())
+    anyio.run(_write, postgres_dsn, schema, "s1", _events(marker), provider("k1"))  # sealed under the old key
     text = ",".join(f"{kid}:{base64.b64encode(key).decode()}" for kid, key in (("k2", KEY_NEW), ("k1", KEY_OLD)))
     monkeypatch.setenv("PG_TEST_KEYS", text)
     options = PostgresBackend.key_options("env", "PG_TEST_KEYS")
@@ -447,6 +447,7 @@ def test_key_options_and_the_cli_against_a_postgres_url(
     assert marker in out
     code, _out, err = cli("--key-env", "PG_TEST_KEYS", "re-encrypt", "s1")
     assert code == 0, err
+    assert {k for _s, _c, _b, k, _n in _rows(postgres_dsn, schema, "s1")} == {"k2"}  # re-sealed under the current key
 
 
 async def test_a_write_retried_after_an_unknown_outcome_is_recognized_sealed(
