@@ -470,3 +470,20 @@ async def test_a_write_retried_after_an_unknown_outcome_is_recognized_sealed(
     finally:
         await backend.aclose()
     assert await _load(postgres_dsn, schema, "s1", provider()) == _events(marker) + _events(marker, 3)
+
+
+def test_without_the_cipher_package_an_encrypting_backend_is_refused_at_construction() -> None:
+    probe = (
+        "import sys\n"
+        "sys.modules['cryptography'] = None  # as if the [encryption] extra were not installed\n"
+        "from dsh.session_persistence.encryption import SessionKeyError, StaticKeyProvider\n"
+        "from dsh.session_persistence_postgres import PostgresBackend\n"
+        "try:\n"
+        "    PostgresBackend('host=127.0.0.1', encryption=StaticKeyProvider('k', {'k': bytes(32)}))\n"
+        "except SessionKeyError as exc:\n"
+        "    print('typed:', exc)\n"
+        "PostgresBackend('host=127.0.0.1')  # without keys it needs no cipher\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("typed: ") and "[encryption]" in done.stdout
