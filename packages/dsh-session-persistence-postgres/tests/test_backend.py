@@ -56,15 +56,15 @@ async def test_newer_schema_is_refused(postgres_dsn: str, schema: str) -> None:
     backend = PostgresBackend(postgres_dsn, schema=schema)
     await backend.append_batch(StorageMetadata(meta("kept")), one_turn_log(), False)
     await backend.aclose()
-    _sql(postgres_dsn, f'UPDATE "{schema}".dsh_schema SET version = 2')
+    _sql(postgres_dsn, f'UPDATE "{schema}".dsh_schema SET version = 3')
     newer = PostgresBackend(postgres_dsn, schema=schema)
     try:
-        with pytest.raises(SchemaVersionError, match="schema v2, but this backend reads only v1") as info:
+        with pytest.raises(SchemaVersionError, match="schema v3, but this backend reads only v1 and v2") as info:
             await newer.load_stored("kept")
     finally:
         await newer.aclose()
     assert isinstance(info.value, SessionFormatUnsupportedError)
-    assert info.value.version == 2
+    assert info.value.version == 3
     assert "upgrade" in str(info.value)
     # Nothing was touched: the tables and the session are still there.
     assert _sql(postgres_dsn, f'SELECT count(*) FROM "{schema}".dsh_events') == [(6,)]

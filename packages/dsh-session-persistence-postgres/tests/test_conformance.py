@@ -14,6 +14,8 @@ from dsh.session_persistence.backend import SessionBackend, SessionPersistenceEr
 from dsh.session_persistence.testing import WORK, BackendConformance, BackendFactory, ConformanceRig, meta
 from dsh.session_persistence_postgres import PostgresBackend
 
+from ._sealed import sealed_factory
+
 
 class TestPostgresConformance(BackendConformance):
     """Every storage-contract, host, fault, race and property scenario of the kit; each test its own schema."""
@@ -88,3 +90,19 @@ class TestPostgresConformance(BackendConformance):
     async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
         """No torn tails in SQL: a batch is one transaction, committed whole or not at all."""
         pytest.skip("PostgresBackend has no torn tails: every batch is one transaction")
+
+
+class TestSealedPostgresConformance(TestPostgresConformance):
+    """The whole kit again on a sealed backend (every event body AES-256-GCM, key ``k2``; ``k1`` held)."""
+
+    @pytest.fixture
+    def backend_factory(self, postgres_dsn: str, conf_schema: str) -> BackendFactory:
+        return sealed_factory(postgres_dsn, schema=conf_schema, writer_lease=True)
+
+    @pytest.fixture
+    def process_backend_factory(self, postgres_dsn: str, conf_schema: str) -> BackendFactory | None:
+        return sealed_factory(postgres_dsn, schema=conf_schema, writer_lease=True)  # pickles: a partial
+
+    @pytest.fixture
+    def other_backend_factory(self, postgres_dsn: str) -> BackendFactory | None:
+        return sealed_factory(postgres_dsn, schema=f"other_{uuid.uuid4().hex[:16]}", writer_lease=True)

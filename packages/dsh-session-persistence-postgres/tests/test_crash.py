@@ -19,10 +19,20 @@ from dsh.session_persistence.testing import meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 
 from ._pgserver import PgCluster, running_cluster
+from ._sealed import sealed_factory
 
 SCHEMA = "crash"
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True, params=["plain", "sealed"])
+def sealing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: on a plaintext backend and on a sealed one (this module's ``PostgresBackend`` name bound
+    to the real class with ``encryption=`` given)."""
+    if request.param == "sealed":
+        monkeypatch.setitem(globals(), "PostgresBackend", sealed_factory())
+    return str(request.param)
 
 
 @pytest.fixture

@@ -18,8 +18,18 @@ from dsh.session_persistence.testing import ConformanceRig, meta, one_turn_log, 
 from dsh.session_persistence_postgres import PostgresBackend
 
 from ._proxy import PgProxy
+from ._sealed import sealed_factory
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True, params=["plain", "sealed"])
+def sealing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: on a plaintext backend and on a sealed one (this module's ``PostgresBackend`` name bound
+    to the real class with ``encryption=`` given)."""
+    if request.param == "sealed":
+        monkeypatch.setitem(globals(), "PostgresBackend", sealed_factory())
+    return str(request.param)
 
 
 @pytest.fixture

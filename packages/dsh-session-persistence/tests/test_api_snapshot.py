@@ -22,6 +22,7 @@ FACES = (
     "dsh.session_persistence",
     "dsh.session_persistence.events",
     "dsh.session_persistence.backend",
+    "dsh.session_persistence.encryption",
     "dsh.session_persistence.hookspecs",
     "dsh.session_persistence.invariant",
     "dsh.session_persistence.loop",

@@ -3,14 +3,15 @@
 ``PostgresBackend(conninfo, schema="public", ...)`` implements the
 :class:`dsh.session_persistence.backend.SessionBackend` primitives on sync psycopg 3 connections run in worker
 threads, so it works under asyncio and trio. The plugin module registers it under the name ``"postgres"``
-(entry-point group ``dsh.session``).
+(entry-point group ``dsh.session``). ``PostgresBackend(..., encryption=provider)`` seals event bodies (see
+:mod:`dsh.session_persistence.encryption` for the providers).
 """
 
 from __future__ import annotations
 
 from ._backend import PostgresBackend
 from ._errors import PostgresConfigurationError, SchemaVersionError, WeakDurabilityError
-from ._schema import MAX_IDENTIFIER_BYTES, SCHEMA_VERSION
+from ._schema import MAX_IDENTIFIER_BYTES, SCHEMA_VERSION, SEALED_SCHEMA_VERSION
 
 NAME = PostgresBackend.NAME
 
@@ -18,6 +19,7 @@ __all__ = [
     "MAX_IDENTIFIER_BYTES",
     "NAME",
     "SCHEMA_VERSION",
+    "SEALED_SCHEMA_VERSION",
     "PostgresBackend",
     "PostgresConfigurationError",
     "SchemaVersionError",

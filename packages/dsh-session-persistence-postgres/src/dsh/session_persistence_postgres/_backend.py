@@ -31,6 +31,7 @@ from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec
 from ._connections import Connections
 from ._core import (
     IncompleteInheritedPrefixError,
+    KeyProvider,
     ListQuery,
     SessionEvent,
     SessionHeader,
@@ -38,14 +39,17 @@ from ._core import (
     SessionLocation,
     SessionPersistenceCorruptionError,
     SessionSnapshot,
+    StaticKeyProvider,
     StorageMetadata,
     StoredPrefix,
     StoredSuffix,
+    check_cipher_available,
     check_contiguous,
 )
 from ._errors import PostgresConfigurationError
 from ._lease import AdvisoryLease, NoLease, acquire_advisory_lease
 from ._schema import Tables
+from ._sealing import RowSealer
 from ._settings import Settings
 from ._store import SyncStore
 
@@ -79,6 +83,11 @@ class PostgresBackend:
     The server's ``fsync`` and ``synchronous_commit`` are checked at the first use. Supports the optional
     ``load_stored_from``, ``materialize_header``, ``rewrite`` and ``acquire_writer_lease`` primitives;
     ``locate`` returns ``None`` (no artifact path) and raw artifacts are not supported.
+
+    ``encryption`` (a :class:`~dsh.session_persistence.encryption.KeyProvider`; needs the ``cryptography``
+    package, the ``[encryption]`` extra) seals every event body of the sessions this backend creates with
+    AES-256-GCM under the provider's current key, and opens sealed rows with any key it still holds (see
+    :mod:`._sealing`). Listing, ``delete`` and the lease need no key.
     """
 
     NAME = "postgres"
@@ -101,6 +110,7 @@ class PostgresBackend:
         pool_timeout: float = 10.0,
         allow_weak_durability: bool = False,
         writer_lease: bool = False,
+        encryption: KeyProvider | None = None,
     ) -> None:
         if pool is not None and (conninfo or connection_kwargs):
             raise PostgresConfigurationError("pass either a pool or conninfo/connection_kwargs, not both")
@@ -112,6 +122,10 @@ class PostgresBackend:
             raise PostgresConfigurationError(
                 f"need 0 <= min_size <= max_size and max_size >= 1 ({min_size}, {max_size})"
             )
+        if encryption is not None:
+            if not isinstance(encryption, KeyProvider):
+                raise TypeError(f"encryption must be a KeyProvider, got {type(encryption).__name__}")
+            check_cipher_available()  # refused now, not at the first sealed write
         self._tables = Tables(schema)
         self._codec = EventCodec(compress_threshold)
         self._settings = Settings(
@@ -136,9 +150,20 @@ class PostgresBackend:
         self._scope = f"postgres:{_where(conninfo, pool)}/{schema}"
         self._writer_lease = writer_lease
         self._leases: list[AdvisoryLease] = []
-        self._store = SyncStore(connections, self._tables, self._codec, self._settings)
+        self._store = SyncStore(connections, self._tables, self._codec, self._settings, RowSealer(encryption))
         self._chains = WriteChains()
         self._closed = False
+
+    @classmethod
+    def key_options(cls, kind: str, name: str) -> dict[str, object]:
+        """Constructor options for a key source a tool names (``dsh-sessions --key-env NAME`` / ``--key-file
+        PATH``): ``{"encryption": StaticKeyProvider.from_env(name) or .from_file(name)}``; a source without a
+        usable key raises :class:`~dsh.session_persistence.encryption.SessionKeyError`."""
+        if kind == "env":
+            return {"encryption": StaticKeyProvider.from_env(name)}
+        if kind == "file":
+            return {"encryption": StaticKeyProvider.from_file(name)}
+        raise ValueError(f'unknown key source kind {kind!r} (expected "env" or "file")')
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         # A read: a cancelled caller leaves, the thread ends on its own (bounded by the timeouts).

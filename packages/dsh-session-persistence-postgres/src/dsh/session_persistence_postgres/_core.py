@@ -2,7 +2,7 @@
 
 Everything the backend needs from the core comes through this one module, so the package shows exactly which
 surface a third-party backend depends on: the value types of the backend protocol, the event codec, the header
-struct, the typed errors and the hook marker.
+struct, the typed errors, the hook marker and the shared seal (key providers, AES-256-GCM).
 """
 
 from __future__ import annotations
@@ -35,16 +35,30 @@ from dsh.session_persistence.backend import (
     header_to_builtins,
     hookimpl,
 )
+from dsh.session_persistence.encryption import (
+    KeyProvider,
+    SessionDecryptError,
+    SessionKeyError,
+    StaticKeyProvider,
+    check_cipher_available,
+    check_key,
+    check_key_id,
+    open_sealed,
+    seal,
+)
 
 __all__ = [
     "IncompleteInheritedPrefixError",
+    "KeyProvider",
     "ListQuery",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
     "SessionChangedError",
+    "SessionDecryptError",
     "SessionEvent",
     "SessionFormatUnsupportedError",
     "SessionHeader",
+    "SessionKeyError",
     "SessionListing",
     "SessionLocation",
     "SessionLockedError",
@@ -54,13 +68,19 @@ __all__ = [
     "SessionSnapshot",
     "SessionStorageError",
     "SessionWriteInDoubtError",
+    "StaticKeyProvider",
     "StorageMetadata",
     "StoredPrefix",
     "StoredSuffix",
     "UnsupportedOperationError",
+    "check_cipher_available",
     "check_contiguous",
+    "check_key",
+    "check_key_id",
     "decode_event_line",
     "encode_event",
     "header_to_builtins",
     "hookimpl",
+    "open_sealed",
+    "seal",
 ]

@@ -8,7 +8,15 @@ Four objects live in one PostgreSQL schema (``public`` unless the backend is giv
   never repeats, not even for a deleted and re-created id;
 * ``dsh_sessions``: one row per materialized session (header JSON, inherited cut, ``next_seq``, revision,
   ``updated_at`` in ms), indexed for ``list`` (creation order) and ``list_page`` (recent, created);
-* ``dsh_events``: one row per event, keyed by ``(session_id, seq)``, the compact JSON line or its zstd frame.
+* ``dsh_events``: one row per event, keyed by ``(session_id, seq)``, the compact JSON line or its zstd frame
+  (sealed, with its ``key_id`` and ``nonce``, in a sealed session: see :mod:`._sealing`).
+
+Schema v1 is a plaintext store; v2 a store an encrypting backend has opened (``encryption=``), which may hold
+sealed sessions. This build reads both; it bumps v1 to v2 when an encrypting backend starts, so a 0.1/0.2
+reader (which reads only v1) refuses the store instead of decoding ciphertext as JSON. The sealing columns
+(``dsh_sessions.seal_id``, ``dsh_events.key_id``, ``dsh_events.nonce``: nullable, so adding them is a catalog
+change) are added to every store this build opens, v1 included: a 0.1 or 0.2 writer never names them, so they
+stay ``NULL`` (plaintext) for its rows, and the store stays v1 until it may hold ciphertext.
 
 Creation runs under a transaction-scoped advisory lock, so processes starting together create it once. A schema
 newer than this build is refused with :class:`SchemaVersionError`; nothing is ever dropped. A store created by 0.1
@@ -29,10 +37,20 @@ from psycopg.rows import TupleRow
 
 from ._errors import PostgresConfigurationError, SchemaVersionError
 
-__all__ = ["MAX_IDENTIFIER_BYTES", "NOW_MS", "SCHEMA_VERSION", "Tables", "ensure_schema", "quote_identifier"]
+__all__ = [
+    "MAX_IDENTIFIER_BYTES",
+    "NOW_MS",
+    "SCHEMA_VERSION",
+    "SEALED_SCHEMA_VERSION",
+    "Tables",
+    "ensure_schema",
+    "quote_identifier",
+]
 
-#: The schema version this build creates and reads.
+#: The schema version of a plaintext store (what 0.1 and 0.2 create and read).
 SCHEMA_VERSION = 1
+#: The schema version of a store that may hold sealed sessions; this build reads both.
+SEALED_SCHEMA_VERSION = 2
 
 #: PostgreSQL truncates identifiers to this many bytes (NAMEDATALEN - 1); longer schema names are refused.
 MAX_IDENTIFIER_BYTES = 63
@@ -138,6 +156,15 @@ def _index_ddl(t: Tables) -> list[sql.Composed]:
     ]
 
 
+def _sealing_ddl(t: Tables) -> list[sql.Composed]:
+    """The sealing columns (nullable, no default: catalog-only changes, no table rewrite)."""
+    return [
+        sql.SQL("ALTER TABLE {sessions} ADD COLUMN IF NOT EXISTS seal_id text").format(sessions=t.sessions),
+        sql.SQL("ALTER TABLE {events} ADD COLUMN IF NOT EXISTS key_id text").format(events=t.events),
+        sql.SQL("ALTER TABLE {events} ADD COLUMN IF NOT EXISTS nonce bytea").format(events=t.events),
+    ]
+
+
 def _activity_ddl(t: Tables) -> list[sql.Composed]:
     """The activity triggers, then the unknown activity of existing rows stamped with now (never "long ago").
 
@@ -191,42 +218,57 @@ def _trigger_exists(conn: _Conn, schema: str, name: str) -> bool:
     )
 
 
-def ensure_schema(conn: _Conn, t: Tables) -> str:
+def _column_exists(conn: _Conn, schema: str, table: str, column: str) -> bool:
+    return _exists(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND NOT a.attisdropped)",
+        schema,
+        table,
+        column,
+    )
+
+
+def ensure_schema(conn: _Conn, t: Tables, sealing: bool = False) -> str:
     """Create the schema if absent, refuse one of another version; return the store id.
 
-    ``conn`` must be idle: this runs its own transaction.
+    ``sealing`` (a backend given keys): the store is made v2 (:data:`SEALED_SCHEMA_VERSION`) before anything
+    sealed is written to it. ``conn`` must be idle: this runs its own transaction.
     """
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, t.schema_name))
         if not _exists(conn, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %s)", t.schema_name):
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(t.schema))
         if not _relation_exists(conn, t.schema_name, "dsh_schema"):
-            for statement in [*_ddl(t), *_index_ddl(t), *_activity_ddl(t)]:
+            for statement in [*_ddl(t), *_index_ddl(t), *_activity_ddl(t), *_sealing_ddl(t)]:
                 conn.execute(statement)
             store_id = uuid.uuid4().hex
             conn.execute(
                 sql.SQL("INSERT INTO {meta} (version, store_id) VALUES (%s, %s)").format(meta=t.meta),
-                (SCHEMA_VERSION, store_id),
+                (SEALED_SCHEMA_VERSION if sealing else SCHEMA_VERSION, store_id),
             )
             return store_id
         found = conn.execute(sql.SQL("SELECT version, store_id FROM {meta}").format(meta=t.meta)).fetchone()
-        if (
-            found is not None
-            and int(found[0]) == SCHEMA_VERSION
-            and not _trigger_exists(conn, t.schema_name, UPDATE_TRIGGER)
-        ):
-            # A store created by 0.1 (or upgraded by 0.2, which added only the column and indexes).
-            for statement in [*_index_ddl(t), *_activity_ddl(t)]:
-                conn.execute(statement)
+        if found is not None and int(found[0]) in (SCHEMA_VERSION, SEALED_SCHEMA_VERSION):
+            if not _trigger_exists(conn, t.schema_name, UPDATE_TRIGGER):
+                # A store created by 0.1 (or upgraded by 0.2, which added only the column and indexes).
+                for statement in [*_index_ddl(t), *_activity_ddl(t)]:
+                    conn.execute(statement)
+            if not _column_exists(conn, t.schema_name, "dsh_events", "nonce"):
+                for statement in _sealing_ddl(t):  # a store 0.1 or 0.2 created
+                    conn.execute(statement)
+            if sealing and int(found[0]) == SCHEMA_VERSION:
+                conn.execute(sql.SQL("UPDATE {meta} SET version = %s").format(meta=t.meta), (SEALED_SCHEMA_VERSION,))
     if found is None:
         raise SchemaVersionError(f'dsh schema in "{t.schema_name}" has no version row', 0)
     version, store_id = int(found[0]), str(found[1])
-    if version != SCHEMA_VERSION:
-        if version > SCHEMA_VERSION:
+    if version not in (SCHEMA_VERSION, SEALED_SCHEMA_VERSION):
+        if version > SEALED_SCHEMA_VERSION:
             message = (
                 f'the dsh tables in PostgreSQL schema "{t.schema_name}" use schema v{version}, but this backend '
-                f"reads only v{SCHEMA_VERSION}: they were created by a newer dsh-session-persistence-postgres "
-                "— upgrade it to open them"
+                f"reads only v{SCHEMA_VERSION} and v{SEALED_SCHEMA_VERSION}: they were created by a newer "
+                "dsh-session-persistence-postgres — upgrade it to open them"
             )
         else:
             message = (

@@ -19,8 +19,14 @@ __all__ = ["Statements", "list_page_query"]
 
 
 _EVENTS_FROM_ARRAYS = (
-    "unnest(%(seqs)s::bigint[], %(flags)s::boolean[], %(bodies)s::bytea[]) AS u(seq, compressed, body)"
+    "unnest(%(seqs)s::bigint[], %(flags)s::boolean[], %(bodies)s::bytea[], %(key_ids)s::text[],"
+    " %(nonces)s::bytea[]) AS u(seq, compressed, body, key_id, nonce)"
 )
+_EVENT_COLUMNS = "(session_id, seq, compressed, body, key_id, nonce)"
+_EVENT_VALUES = "s.id, u.seq, u.compressed, u.body, u.key_id, u.nonce"
+# A write to a session is also conditional on its incarnation's seal id (NULL: plaintext): rows are never
+# sealed for, or stored into, an incarnation other than the one they were sealed for.
+_SAME_SEAL = "seal_id IS NOT DISTINCT FROM %(seal)s::text"
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class Statements:
     events_from: sql.Composed
     events_between: sql.Composed
     revision: sql.Composed
+    seal: sql.Composed
     snapshots: sql.Composed
     rewrite: sql.Composed
     settings: sql.Composed
@@ -55,44 +62,54 @@ class Statements:
             create=q(
                 "WITH r AS (SELECT nextval({rev}) AS v), "
                 "s AS (INSERT INTO {sessions}"
-                " (id, header, inherited_event_count, next_seq, revision, created_revision, updated_at)"
-                " SELECT %(id)s, %(header)s::json, %(cut)s, %(n)s, r.v, r.v, " + NOW_MS + " FROM r"
+                " (id, header, inherited_event_count, next_seq, revision, created_revision, updated_at, seal_id)"
+                " SELECT %(id)s, %(header)s::json, %(cut)s, %(n)s, r.v, r.v, " + NOW_MS + ", %(seal)s::text FROM r"
                 " ON CONFLICT (id) DO NOTHING RETURNING id), "
-                "e AS (INSERT INTO {events} (session_id, seq, compressed, body)"
-                " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
+                "e AS (INSERT INTO {events} " + _EVENT_COLUMNS + ""
+                " SELECT " + _EVENT_VALUES + " FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
                 "SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM e)"
             ),
             # Later batches: compare-and-set next_seq (row lock held to commit), then the events.
             append=q(
                 "WITH s AS (UPDATE {sessions} SET next_seq = next_seq + %(n)s, revision = nextval({rev}),"
                 " updated_at = " + NOW_MS + ""
-                " WHERE id = %(id)s AND next_seq = %(first)s RETURNING id), "
-                "e AS (INSERT INTO {events} (session_id, seq, compressed, body)"
-                " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
+                " WHERE id = %(id)s AND next_seq = %(first)s AND " + _SAME_SEAL + " RETURNING id), "
+                "e AS (INSERT INTO {events} " + _EVENT_COLUMNS + ""
+                " SELECT " + _EVENT_VALUES + " FROM s, " + _EVENTS_FROM_ARRAYS + " RETURNING 1) "
                 "SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM e),"
-                " (SELECT next_seq FROM {sessions} WHERE id = %(id)s)"
+                " (SELECT next_seq FROM {sessions} WHERE id = %(id)s),"
+                " (SELECT " + _SAME_SEAL + " FROM {sessions} WHERE id = %(id)s)"
             ),
-            head=q("SELECT header::text, inherited_event_count, next_seq, revision FROM {sessions} WHERE id = %(id)s"),
+            head=q(
+                "SELECT header::text, inherited_event_count, next_seq, revision, seal_id FROM {sessions}"
+                " WHERE id = %(id)s"
+            ),
             events_from=q(
-                "SELECT seq, compressed, body FROM {events} WHERE session_id = %(id)s AND seq >= %(from)s ORDER BY seq"
+                "SELECT seq, compressed, body, key_id, nonce FROM {events}"
+                " WHERE session_id = %(id)s AND seq >= %(from)s ORDER BY seq"
             ),
             events_between=q(
-                "SELECT seq, compressed, body FROM {events}"
+                "SELECT seq, compressed, body, key_id, nonce FROM {events}"
                 " WHERE session_id = %(id)s AND seq >= %(from)s AND seq < %(to)s ORDER BY seq"
             ),
             revision=q("SELECT revision FROM {sessions} WHERE id = %(id)s"),
+            seal=q("SELECT seal_id FROM {sessions} WHERE id = %(id)s"),
             snapshots=q("SELECT id, header::text, revision FROM {sessions} ORDER BY created_revision"),
             # The whole replacement in one statement, all of it conditional on the session row's update (the
-            # revision check): rows past the new end are deleted, the others inserted or overwritten.
+            # revision check and the seal id the rows were sealed for): rows past the new end are deleted, the
+            # others inserted or overwritten; ``new_seal`` is the incarnation's seal id from now on (a compaction
+            # by an encrypting backend seals a plaintext session).
             rewrite=q(
                 "WITH s AS (UPDATE {sessions} SET next_seq = %(n)s, revision = nextval({rev}),"
-                " updated_at = CASE WHEN %(touch)s THEN " + NOW_MS + " ELSE updated_at END"
+                " updated_at = CASE WHEN %(touch)s THEN " + NOW_MS + " ELSE updated_at END,"
+                " seal_id = %(new_seal)s::text"
                 " WHERE id = %(id)s AND (%(expected)s::bigint IS NULL OR revision = %(expected)s::bigint)"
-                " RETURNING id), "
+                " AND " + _SAME_SEAL + " RETURNING id), "
                 "d AS (DELETE FROM {events} WHERE session_id IN (SELECT id FROM s) AND seq >= %(n)s RETURNING 1), "
-                "i AS (INSERT INTO {events} (session_id, seq, compressed, body)"
-                " SELECT s.id, u.seq, u.compressed, u.body FROM s, " + _EVENTS_FROM_ARRAYS + ""
-                " ON CONFLICT (session_id, seq) DO UPDATE SET compressed = EXCLUDED.compressed, body = EXCLUDED.body"
+                "i AS (INSERT INTO {events} " + _EVENT_COLUMNS + ""
+                " SELECT " + _EVENT_VALUES + " FROM s, " + _EVENTS_FROM_ARRAYS + ""
+                " ON CONFLICT (session_id, seq) DO UPDATE SET compressed = EXCLUDED.compressed, body = EXCLUDED.body,"
+                " key_id = EXCLUDED.key_id, nonce = EXCLUDED.nonce"
                 " RETURNING 1) "
                 "SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM d), (SELECT count(*) FROM i)"
             ),

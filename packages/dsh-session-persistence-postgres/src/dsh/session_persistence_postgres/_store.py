@@ -30,6 +30,7 @@ from ._core import (
     SessionHeader,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
+    SessionPersistenceError,
     SessionStorageError,
     StorageMetadata,
     header_to_builtins,
@@ -37,6 +38,7 @@ from ._core import (
 from ._errors import WeakDurabilityError
 from ._retry import Outcome, Retrier
 from ._schema import Tables, ensure_schema
+from ._sealing import Row, RowSealer, SealCache, StoredRow, new_seal_id
 from ._settings import Settings
 from ._statements import Statements, list_page_query
 
@@ -44,7 +46,6 @@ __all__ = ["Loaded", "SyncStore"]
 
 _log = logging.getLogger("dsh.session_persistence_postgres")
 
-Row = tuple[int, bool, bytes]
 #: header, inherited cut, events, revision token
 Loaded = tuple[SessionHeader, int, list[SessionEvent], str]
 
@@ -83,14 +84,6 @@ def decode_header(session_id: str, text: str) -> SessionHeader:
         raise SessionPersistenceCorruptionError(f'stored session "{session_id}" failed validation: {exc}') from exc
 
 
-def _arrays(rows: Sequence[Row]) -> dict[str, Any]:
-    return {
-        "seqs": [seq for seq, _c, _b in rows],
-        "flags": [compressed for _s, compressed, _b in rows],
-        "bodies": [body for _s, _c, body in rows],
-    }
-
-
 def _cas_refused(session_id: str, snapshot_next_seq: int, first: int) -> str:
     """The message of a refused compare-and-set, true in both cases it covers.
 
@@ -118,10 +111,14 @@ def _weakened(fsync: str, synchronous_commit: str) -> dict[str, str]:
 class SyncStore:
     """Blocking primitives over one schema; thread-safe (each call takes its own pooled connection)."""
 
-    def __init__(self, connections: Connections, tables: Tables, codec: EventCodec, settings: Settings) -> None:
+    def __init__(
+        self, connections: Connections, tables: Tables, codec: EventCodec, settings: Settings, sealer: RowSealer
+    ) -> None:
         self._connections = connections
         self._tables = tables
         self._codec = codec
+        self._sealer = sealer
+        self._seals = SealCache()
         self._settings = settings
         self._sql = Statements.for_tables(tables)
         self._retry = Retrier(connections, settings.retry_timeout)
@@ -152,7 +149,7 @@ class SyncStore:
 
     def _start_on(self, conn: Conn) -> str:
         # The durability settings were checked on this connection's first use (check_durability).
-        return ensure_schema(conn, self._tables)
+        return ensure_schema(conn, self._tables, sealing=self._sealer.keys is not None)
 
     def check_durability(self, conn: Conn) -> None:
         """Refuse (or warn about) a connection whose server session runs with weakened durability.
@@ -202,7 +199,7 @@ class SyncStore:
         found = self._retry.read("load", body)
         if found is None:
             return None
-        (header_text, cut, next_seq, revision), rows = found
+        (header_text, cut, next_seq, revision, seal_id), rows = found
         meta = decode_header(session_id, header_text)
         expected = list(range(from_seq, next_seq))
         seqs = [row[0] for row in rows]
@@ -214,8 +211,10 @@ class SyncStore:
             raise SessionPersistenceCorruptionError(
                 f'corrupt session log "{session_id}": seq gap in committed rows ({gap})'
             )
+        self._seals.put(session_id, seal_id)
+        bodies = [self._sealer.open_row(store_id, session_id, seal_id, row) for row in rows]  # typed key errors
         try:
-            events = [self._codec.decode(compressed, bytes(body)) for _seq, compressed, body in rows]
+            events = [self._codec.decode(row[1], body) for row, body in zip(rows, bodies, strict=True)]
         except (ValueError, msgspec.MsgspecError, zstandard.ZstdError) as exc:
             raise SessionPersistenceCorruptionError(f'stored session "{session_id}" failed validation: {exc}') from exc
         return meta, int(cut), events, f"{store_id}:{revision}"
@@ -251,31 +250,42 @@ class SyncStore:
         ``after_unknown``: the session's previous write was abandoned by its caller after it was sent; these rows
         are read back first (a caller retrying the batch it abandoned finds it stored, and nothing is sent).
         """
-        self.start()
+        store_id = self.start()
         session_id = storage.meta.id
         header: str | None = None
         params: dict[str, Any]
         if create:
+            # A backend given keys creates sealed sessions (a fresh incarnation id); without keys, plaintext ones.
+            seal_id = new_seal_id() if self._sealer.keys is not None else None
             header = msgspec.json.encode(header_to_builtins(storage.meta)).decode()
             params = {"id": session_id, "header": header, "cut": storage.inherited_event_count, "n": len(rows)}
         else:
+            seal_id = self._seal_of(session_id)  # a plaintext session stays plaintext, a sealed one sealed
             params = {"id": session_id, "first": first, "n": len(rows)}
-        params.update(_arrays(rows))
+        # Sealed once: a retried attempt sends the very same bytes.
+        params.update(self._sealer.seal_rows(store_id, session_id, seal_id, rows).params(), seal=seal_id)
 
         def attempt(conn: Conn) -> None:
             ((result,),) = self._transaction(
                 conn, "BEGIN", [(self._sql.create if create else self._sql.append, params)]
             )
             if result[0] == 1:
+                self._seals.put(session_id, seal_id)
                 return
             if create:
                 raise SessionAlreadyExistsError(f'session "{session_id}" already has a persisted log')
             if result[2] is None:
                 raise SessionNotFoundError(session_id)
+            if not result[3]:
+                self._seals.forget(session_id)
+                raise SeqMismatchError(
+                    f'append refused for "{session_id}": the session was deleted and created again since this '
+                    "backend last read it (its seal id changed)"
+                )
             raise SeqMismatchError(_cas_refused(session_id, int(result[2]), first))
 
         def settle(conn: Conn) -> Outcome:
-            return self._settle_append(conn, session_id, rows, first, header, create)
+            return self._settle_append(conn, store_id, session_id, rows, first, header, seal_id)
 
         if after_unknown and self._retry.read("append (read-back)", settle) is Outcome.STORED:
             return
@@ -288,8 +298,16 @@ class SyncStore:
             raise
 
     def _settle_append(
-        self, conn: Conn, session_id: str, rows: Sequence[Row], first: int, header: str | None, create: bool
+        self,
+        conn: Conn,
+        store_id: str,
+        session_id: str,
+        rows: Sequence[Row],
+        first: int,
+        header: str | None,
+        seal_id: str | None,
     ) -> Outcome:
+        create = header is not None
         params = {"id": session_id, "from": first, "to": first + len(rows)}
 
         heads, stored = self._transaction(
@@ -300,8 +318,12 @@ class SyncStore:
             if create:
                 return Outcome.ABSENT
             raise SessionNotFoundError(session_id)
-        header_text, _cut, next_seq, _rev = head
-        if self._same_rows(stored, rows) and (not create or header_text == header):
+        header_text, _cut, next_seq, _rev, stored_seal = head
+        # A create this call abandoned drew its own seal id: the stored one opens its rows (the header and the
+        # plaintext decide). A later batch must find the incarnation it was sealed for.
+        same_place = header_text == header if create else stored_seal == seal_id
+        if same_place and self._same_rows(store_id, session_id, stored_seal, stored, rows):
+            self._seals.put(session_id, stored_seal)
             return Outcome.STORED
         if create:
             raise SessionAlreadyExistsError(f'session "{session_id}" already has a persisted log')
@@ -312,18 +334,36 @@ class SyncStore:
             "(another writer stored these seqs)"
         )
 
-    def _same_rows(self, stored: Sequence[tuple[Any, ...]], rows: Sequence[Row]) -> bool:
+    def _same_rows(
+        self, store_id: str, session_id: str, seal_id: str | None, stored: Sequence[StoredRow], rows: Sequence[Row]
+    ) -> bool:
+        """Whether ``stored`` holds the events of ``rows`` (compared as JSON: a re-sealed row has a new nonce)."""
         if len(stored) != len(rows):
             return False
-        for (seq, compressed, body), (want_seq, want_compressed, want_body) in zip(stored, rows, strict=True):
-            if seq != want_seq:
+        for row, (want_seq, want_compressed, want_body) in zip(stored, rows, strict=True):
+            if row[0] != want_seq:
                 return False
             try:
-                if self._codec.raw(compressed, bytes(body)) != self._codec.raw(want_compressed, want_body):
+                body = self._sealer.open_row(store_id, session_id, seal_id, row)
+                if self._codec.raw(row[1], body) != self._codec.raw(want_compressed, want_body):
                     return False
-            except zstandard.ZstdError:
-                return False
+            except (zstandard.ZstdError, SessionPersistenceError):
+                return False  # rows it cannot open are not the ones this call sealed
         return True
+
+    def _seal_of(self, session_id: str) -> str | None:
+        """The session's seal id (``None``: plaintext), remembered or read; :class:`SessionNotFoundError` if absent."""
+        known, seal_id = self._seals.get(session_id)
+        if known:
+            return seal_id
+        (rows,) = self._retry.read(
+            "read seal", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.seal, {"id": session_id})])
+        )
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        seal_id = None if rows[0][0] is None else str(rows[0][0])
+        self._seals.put(session_id, seal_id)
+        return seal_id
 
     def rewrite(
         self, session_id: str, rows: Sequence[Row], expected_revision: str | None = None, *, after_unknown: bool = False
@@ -335,22 +375,42 @@ class SyncStore:
         """
         store_id = self.start()
         expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
+        seal_id = self._seal_of(session_id)
+        new_seal = seal_id
+        if expected is not None and seal_id is None and self._sealer.keys is not None:
+            new_seal = new_seal_id()  # a compaction (re-encrypt) given keys seals a plaintext session
+        sealed = self._sealer.seal_rows(store_id, session_id, new_seal, rows)
         # A compaction is not activity (``updated_at`` kept); a truncation is.
-        params = {"id": session_id, "n": len(rows), "expected": expected, "touch": expected is None, **_arrays(rows)}
+        params = {
+            "id": session_id,
+            "n": len(rows),
+            "expected": expected,
+            "touch": expected is None,
+            "seal": seal_id,
+            "new_seal": new_seal,
+            **sealed.params(),
+        }
 
         def attempt(conn: Conn) -> None:
-            (rows,) = self._transaction(conn, "BEGIN", [(self._sql.rewrite, params)])
-            if not rows or rows[0][0] == 0:
-                if expected is not None and self._exists(conn, session_id):
+            (written,) = self._transaction(conn, "BEGIN", [(self._sql.rewrite, params)])
+            if not written or written[0][0] == 0:
+                if self._exists(conn, session_id):
+                    self._seals.forget(session_id)  # moved on, or deleted and created again (a new seal id)
                     raise SessionChangedError(session_id)
                 raise SessionNotFoundError(session_id)
+            self._seals.put(session_id, new_seal)
 
         def settle(conn: Conn) -> Outcome:
             # A lost compaction may have committed (its revision moved): done if the log now reads as ``rows``.
             if expected is None:
                 return Outcome.ABSENT
             loaded = self._rows_now(conn, session_id)
-            return Outcome.STORED if loaded is not None and self._same_rows(loaded, rows) else Outcome.ABSENT
+            if loaded is None or loaded[0] != new_seal:
+                return Outcome.ABSENT
+            if not self._same_rows(store_id, session_id, new_seal, loaded[1], rows):
+                return Outcome.ABSENT
+            self._seals.put(session_id, new_seal)
+            return Outcome.STORED
 
         self._retry.write("rewrite", attempt, settle)
 
@@ -366,10 +426,11 @@ class SyncStore:
         (rows,) = self._transaction(conn, _SNAPSHOT, [(self._sql.revision, {"id": session_id})])
         return bool(rows)
 
-    def _rows_now(self, conn: Conn, session_id: str) -> list[tuple[Any, ...]] | None:
+    def _rows_now(self, conn: Conn, session_id: str) -> tuple[str | None, list[StoredRow]] | None:
+        """The session's seal id and rows now, ``None`` if it is not stored."""
         params = {"id": session_id, "from": 0}
         head, rows = self._transaction(conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
-        return None if not head else rows
+        return None if not head else (head[0][4], rows)
 
     def delete(self, session_id: str, expected_revision: str | None, *, after_unknown: bool = False) -> None:
         """Remove the session row (its events cascade) in one transaction (idempotent and revision-checked, so an
@@ -377,6 +438,7 @@ class SyncStore:
         store_id = self.start()
         expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
         params = {"id": session_id, "expected": expected}
+        self._seals.forget(session_id)
 
         def attempt(conn: Conn) -> None:
             (rows,) = self._transaction(conn, "BEGIN", [(self._sql.delete, params)])

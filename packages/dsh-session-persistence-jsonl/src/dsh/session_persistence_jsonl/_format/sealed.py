@@ -32,7 +32,14 @@ from typing import Any
 import msgspec
 from dsh.session_persistence.backend import SESSION_FORMAT_VERSION, SessionPersistenceCorruptionError
 
-from ..encryption import KeyProvider, SessionDecryptError, SessionKeyError, check_key, check_key_id
+from ..encryption import KeyProvider, SessionDecryptError, SessionKeyError
+
+try:  # the core's shared seal (0.3)
+    from dsh.session_persistence.encryption import check_cipher_available, check_key, check_key_id, open_sealed
+    from dsh.session_persistence.encryption import seal as seal_bytes
+except ImportError:  # a 0.2 core: this distribution's copy of it
+    from .._keys_compat import check_cipher_available, check_key, check_key_id, open_sealed
+    from .._keys_compat import seal as seal_bytes
 from .frames import Compression
 
 __all__ = [
@@ -136,21 +143,6 @@ def associated_data(seal: HeaderSeal, compression: Compression, first_seq: int, 
     )
 
 
-def check_cipher_available() -> None:
-    """Raise :class:`SessionKeyError` unless the optional ``cryptography`` dependency is importable."""
-    _aead(bytes(32))
-
-
-def _aead(key: bytes) -> Any:
-    try:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    except ImportError as exc:  # the optional extra is not installed
-        raise SessionKeyError(
-            "sealed sessions need the 'cryptography' package: pip install 'dsh-session-persistence-jsonl[encryption]'"
-        ) from exc
-    return AESGCM(key)
-
-
 @dataclass(frozen=True, slots=True)
 class BatchSeal:
     """A sealed log's header seal with the keys to use on it (``keys`` ``None``: a backend without keys)."""
@@ -183,8 +175,8 @@ def seal_batch(seal: BatchSeal, first_seq: int, count: int, inner: bytes) -> byt
         )
     key_id = check_key_id(seal.keys.current_key_id())
     key = seal.key(key_id, f'session "{seal.header.session_id}": the current key')
-    nonce = os.urandom(NONCE_BYTES)  # random per batch: see docs/operations.md for why not a counter
-    sealed: bytes = _aead(key).encrypt(nonce, inner, associated_data(seal.header, seal.compression, first_seq, count))
+    # a random nonce per batch (the shared seal's): see docs/operations.md for why not a counter
+    nonce, sealed = seal_bytes(key, inner, associated_data(seal.header, seal.compression, first_seq, count))
     if seal.compression == "zstd":
         payload = bytes((_AEAD_CODE, len(key_id))) + key_id.encode("ascii") + nonce + sealed + _END
         return SEAL_FRAME_MAGIC + struct.pack("<I", len(payload)) + payload
@@ -230,12 +222,10 @@ def open_batch(seal: BatchSeal, data: bytes | memoryview, first_seq: int, count:
     raw = bytes(data)
     parse = _parse_zstd if seal.compression == "zstd" else _parse_line
     key_id, nonce, sealed = parse(raw, where, seal.path)
-    aead = _aead(seal.key(check_key_id(key_id), where))
-    from cryptography.exceptions import InvalidTag  # present: _aead imported the package
-
-    try:
-        return bytes(aead.decrypt(nonce, sealed, associated_data(seal.header, seal.compression, first_seq, count)))
-    except InvalidTag:
+    key = seal.key(check_key_id(key_id), where)
+    opened = open_sealed(key, nonce, sealed, associated_data(seal.header, seal.compression, first_seq, count))
+    if opened is None:
         raise SessionDecryptError(
             f'{where} fails authentication under key "{key_id}": the key is wrong, or the batch was altered or moved'
-        ) from None
+        )
+    return opened

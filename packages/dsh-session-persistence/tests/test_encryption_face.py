@@ -1,0 +1,62 @@
+"""The shared seal: a round trip, what it is bound to, and a typed error when the optional cipher is missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from dsh.session_persistence.encryption import (
+    KEY_BYTES,
+    NONCE_BYTES,
+    TAG_BYTES,
+    SessionKeyError,
+    StaticKeyProvider,
+    open_sealed,
+    seal,
+)
+
+KEY = bytes(range(KEY_BYTES))
+
+
+def test_a_seal_opens_only_with_its_key_nonce_and_associated_data() -> None:
+    nonce, sealed = seal(KEY, b"secret text", b"place")
+    assert len(nonce) == NONCE_BYTES and len(sealed) == len(b"secret text") + TAG_BYTES
+    assert b"secret" not in sealed
+    assert open_sealed(KEY, nonce, sealed, b"place") == b"secret text"
+    assert open_sealed(KEY, nonce, sealed, b"other place") is None
+    assert open_sealed(bytes(KEY_BYTES), nonce, sealed, b"place") is None
+    assert open_sealed(KEY, bytes(NONCE_BYTES), sealed, b"place") is None
+    assert open_sealed(KEY, nonce, sealed[:-1] + bytes([sealed[-1] ^ 1]), b"place") is None
+    assert open_sealed(KEY, nonce[:4], sealed, b"place") is None  # a truncated nonce: refused, not a ValueError
+    assert open_sealed(KEY, nonce, sealed[: TAG_BYTES - 1], b"place") is None
+    assert seal(KEY, b"x", b"")[0] != seal(KEY, b"x", b"")[0]  # a fresh random nonce each time
+
+
+def test_a_key_of_the_wrong_size_is_refused_typed() -> None:
+    with pytest.raises(SessionKeyError, match="exactly 32 bytes"):
+        seal(KEY[:16], b"x", b"")
+
+
+def test_the_jsonl_face_re_exports_the_same_classes() -> None:
+    jsonl = pytest.importorskip("dsh.session_persistence_jsonl.encryption")
+    assert jsonl.StaticKeyProvider is StaticKeyProvider
+    assert jsonl.SessionKeyError is SessionKeyError
+
+
+def test_without_the_cipher_package_sealing_is_a_typed_error_naming_the_extra() -> None:
+    probe = (
+        "import sys\n"
+        "sys.modules['cryptography'] = None  # as if the [encryption] extra were not installed\n"
+        "from dsh.session_persistence.encryption import SessionKeyError, check_cipher_available, seal\n"
+        "for attempt in (check_cipher_available, lambda: seal(bytes(32), b'x', b'')):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "    except SessionKeyError as exc:\n"
+        "        print('typed:', exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2
+    assert all("pip install 'dsh-session-persistence[encryption]'" in line for line in lines)
