@@ -32,7 +32,7 @@ WINGS = ("_model", "_wire", "_host", "_backends", "_coordinator", "_loop")
 #: The most layers from each face down; every face of the tool's FACES has one (test_every_face_has_a_bound).
 FACE_BOUNDS = {
     TOP: 10,  # was 11 until in_doubt folded into durable
-    **{f"{TOP}.{face}": 9 for face in ("events", "backend", "hookspecs", "loop", "repair", "invariant")},
+    **{f"{TOP}.{face}": 9 for face in ("events", "backend", "hookspecs", "loop", "repair", "invariant", "encryption")},
     f"{TOP}.testing": 13,  # was 14 until _lifecycle_base joined _lifecycle_retention
     f"{TOP}.testing.fixtures": 10,
     f"{TOP}.__main__": 13,  # was 16 until _walk and _verify_walk joined _examine
