@@ -168,6 +168,17 @@ async def postgres_fleet(
     report.row(f"list_page(20) s [postgres] ({count} sessions, recent first)", _fmt(median(page_times), ".4f"))
 
 
+def _sealed_figures(plain: list[WriteRun], sealed: list[WriteRun], load_sealed: float, load_plain: float) -> Any:
+    """Sealed next to plaintext PostgreSQL (issue #28): each figure's two medians and their ratio sealed/plaintext."""
+    out: dict[str, Any] = {}
+    for key, value in (("write_events_per_s", lambda r: r.events / r.seconds), ("reload_s", lambda r: r.reload_s)):
+        a = median([value(r) for r in plain if value(r) is not None])
+        b = median([value(r) for r in sealed if value(r) is not None])
+        out[key] = {"plaintext": a, "sealed": b, "ratio": _ratio(b, a)}
+    out["load"] = {"plaintext": load_plain, "sealed": load_sealed, "ratio": _ratio(load_sealed, load_plain)}
+    return out
+
+
 async def postgres_section(args: argparse.Namespace, cfg: Config, ops: list[Op], report: Report, scratch: str) -> None:
     """Section 7: the write workload and loads through ``PostgresBackend``, next to the JSONL figures of this run.
 
@@ -215,11 +226,13 @@ async def postgres_section(args: argparse.Namespace, cfg: Config, ops: list[Op],
             pg["server"] = "--postgres-dsn" if args.postgres_dsn else "throwaway cluster (initdb + pg_ctl, defaults)"
             tag = f"bench_{os.getpid()}"
             runs: list[WriteRun] = []
+            sealed_runs: list[WriteRun] = []  # issue #28: the same workload with sealed bodies, interleaved
             for rep in range(cfg.reps):
-                schema = f"{tag}_w{rep}"
-                schemas.append(schema)
-                gc.collect()
-                runs.append(await run_postgres(ops, dsn, schema))
+                for sealed, out in ((False, runs), (True, sealed_runs)):
+                    schema = f"{tag}_{'s' if sealed else 'w'}{rep}"
+                    schemas.append(schema)
+                    gc.collect()
+                    out.append(await run_postgres(ops, dsn, schema, sealed=sealed))
             eps_pg = median([r.events / r.seconds for r in runs])
             reload_pg = median([r.reload_s for r in runs if r.reload_s is not None])
             pg["bytes_on_disk"] = runs[0].bytes
@@ -257,6 +270,17 @@ async def postgres_section(args: argparse.Namespace, cfg: Config, ops: list[Op],
             for entry in loads.values():
                 entry["ratio"] = _ratio(entry["mb_per_s"]["postgres"], entry["mb_per_s"]["jsonl"])
             pg["load"] = loads
+            schema = f"{tag}_load_sealed"
+            schemas.append(schema)
+            await write_pg_session(dsn, schema, session_id, target, sealed=True)
+            sealed_times: list[float] = []
+            for _ in range(cfg.reps):
+                gc.collect()
+                seconds, loaded = await load_full_stack(_postgres(dsn, schema, sealed=True), session_id, warm=True)
+                if loaded != n_events:
+                    raise AssertionError(f"sealed postgres load returned {loaded} events, expected {n_events}")
+                sealed_times.append(seconds)
+            pg["sealed"] = _sealed_figures(runs, sealed_runs, raw / 1e6 / median(sealed_times), load_pg)
             await postgres_fleet(dsn, cfg, tag, schemas, pg, report)
     finally:
         if schemas and dsn is not None and cluster is None:
@@ -290,3 +314,8 @@ async def postgres_section(args: argparse.Namespace, cfg: Config, ops: list[Op],
     report.row(f"ratio postgres/jsonl load MB/s ({label})", _fmt(ratios["load_vs_jsonl"], ".2f"), note)
     if pg.get("bytes_on_disk") is not None:
         report.row("bytes on disk [postgres] (tables+indexes)", _fmt(pg["bytes_on_disk"]), "WAL not counted")
+    sealed = pg.get("sealed")
+    if sealed:
+        for what, key in (("write events/s", "write_events_per_s"), ("reload s", "reload_s"), ("load MB/s", "load")):
+            report.row(f"{what} [postgres sealed]", _fmt(sealed[key]["sealed"], ".3f" if key == "reload_s" else ",.1f"))
+            report.row(f"{what} postgres sealed/plaintext", _fmt(sealed[key]["ratio"], ".2f"))

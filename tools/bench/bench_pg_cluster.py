@@ -117,10 +117,15 @@ class ThrowawayCluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _postgres(dsn: str, schema: str) -> Any:
+def _postgres(dsn: str, schema: str, *, sealed: bool = False) -> Any:
+    """A ``PostgresBackend`` on ``schema``; ``sealed``: every event body sealed with the bench key (AES-256-GCM)."""
     from dsh.session_persistence_postgres import PostgresBackend
 
-    return PostgresBackend(dsn, schema=schema)
+    if not sealed:
+        return PostgresBackend(dsn, schema=schema)
+    from dsh.session_persistence.encryption import StaticKeyProvider
+
+    return PostgresBackend(dsn, schema=schema, encryption=StaticKeyProvider("bench", {"bench": bytes(range(32))}))
 
 
 def pg_schema_bytes(dsn: str, schema: str) -> int:
@@ -152,10 +157,10 @@ def pg_server_version(dsn: str) -> str:
     return str(row[0]) if row else "unknown"
 
 
-async def run_postgres(ops: list[Op], dsn: str, schema: str) -> WriteRun:
+async def run_postgres(ops: list[Op], dsn: str, schema: str, *, sealed: bool = False) -> WriteRun:
     """Full stack over ``PostgresBackend`` (one transaction per durable point), then a cold reload."""
-    seconds, events = await full_stack_write(ops, _postgres(dsn, schema), warm=True)
-    reload_s, loaded = await load_full_stack(_postgres(dsn, schema), SESSION_ID, warm=True)
+    seconds, events = await full_stack_write(ops, _postgres(dsn, schema, sealed=sealed), warm=True)
+    reload_s, loaded = await load_full_stack(_postgres(dsn, schema, sealed=sealed), SESSION_ID, warm=True)
     if loaded != events:
         raise AssertionError(f"postgres reload returned {loaded} events, expected {events}")
     return WriteRun(seconds, events, pg_schema_bytes(dsn, schema), reload_s)
@@ -174,7 +179,9 @@ async def load_full_stack(backend: Any, session_id: str, *, warm: bool = False) 
     return seconds, len(view.events)
 
 
-async def write_pg_session(dsn: str, schema: str, session_id: str, target_raw: int) -> tuple[int, int]:
+async def write_pg_session(
+    dsn: str, schema: str, session_id: str, target_raw: int, *, sealed: bool = False
+) -> tuple[int, int]:
     """A session of ``target_raw`` raw JSON bytes written through ``PostgresBackend.append_batch`` directly.
 
     The same events as :func:`write_session_file`, one transaction per 50 turns (not per durable point), so a
@@ -182,7 +189,7 @@ async def write_pg_session(dsn: str, schema: str, session_id: str, target_raw: i
     """
     from dsh.session_persistence.backend import decode_event
 
-    backend = _postgres(dsn, schema)
+    backend = _postgres(dsn, schema, sealed=sealed)
     storage = StorageMetadata(SessionHeader(id=session_id, created_at=1_700_000_000_000, cwd=CWD), 0)
     raw = 0
     events = 0
