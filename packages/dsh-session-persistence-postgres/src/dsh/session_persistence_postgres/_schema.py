@@ -28,14 +28,9 @@ from psycopg import Connection, sql
 from psycopg.rows import TupleRow
 
 from ._errors import PostgresConfigurationError, SchemaVersionError
+from ._limits import MAX_IDENTIFIER_BYTES, SCHEMA_VERSION
 
 __all__ = ["MAX_IDENTIFIER_BYTES", "NOW_MS", "SCHEMA_VERSION", "Tables", "ensure_schema", "quote_identifier"]
-
-#: The schema version this build creates and reads.
-SCHEMA_VERSION = 1
-
-#: PostgreSQL truncates identifiers to this many bytes (NAMEDATALEN - 1); longer schema names are refused.
-MAX_IDENTIFIER_BYTES = 63
 
 # pg_advisory_xact_lock(int, int) key: a constant class ("dsh\0") and the hash of the schema name.
 _LOCK_CLASS = 0x64736800
