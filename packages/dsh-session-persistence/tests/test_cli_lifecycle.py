@@ -3,10 +3,17 @@
 ``list`` paging and filters, ``rm``, ``prune``, ``compact``, ``export --salvage``, ``verify`` of unreadable
 files and of a missing root, errors as JSON under ``--json``, and the bad inputs that must change nothing
 (an unknown id, a session another process holds, nonsense durations, a cursor from another root).
+
+Checks of argument parsing and usage errors (exit 2) call the console script's ``main`` in this process (``cli``):
+a process of its own proves nothing more there, and each costs most of a second to start. Every exit code is
+still checked from a real process somewhere in this file (2: ``test_rm_bad_input_changes_nothing``; 4:
+``test_missing_root_is_an_error_for_every_reading_command``), and so is everything that depends on the process
+(its stdin, a terminal, its working directory, a lock another process holds).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -15,12 +22,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from dsh.session_persistence._cli import main
 from dsh.session_persistence.backend import StorageMetadata
 from dsh.session_persistence.testing import (
     assistant_message,
@@ -46,8 +54,8 @@ NOW = time.time()
 
 
 class Run:
-    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
-        self.code, self.out, self.err = proc.returncode, proc.stdout, proc.stderr
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
 
     def json(self) -> Any:
         return json.loads(self.out)
@@ -60,7 +68,22 @@ def dsh(*argv: str, stdin: str = "", env: dict[str, str] | None = None) -> Run:
     proc = subprocess.run(
         [str(SCRIPT), *argv], input=stdin, capture_output=True, text=True, timeout=60, check=False, env=environ
     )
-    return Run(proc)
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
+    """``dsh`` in this process: the console script's ``main(argv)``, with the same environment and an empty stdin."""
+    monkeypatch.delenv("DSH_SESSIONS_ROOT", raising=False)
+
+    def call(*argv: str) -> Run:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+        capsys.readouterr()
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    return call
 
 
 def chat_log(text: str, turns: int = 1) -> list[Any]:
@@ -215,26 +238,26 @@ def test_list_filters_and_order(root: Path, tmp_path: Path) -> None:
         (["--cursor", "not-a-cursor"], "cursor"),
     ],
 )
-def test_list_bad_input_is_a_usage_error(root: Path, argv: list[str], needle: str) -> None:
-    run = dsh("--root", str(root), "list", *argv)
+def test_list_bad_input_is_a_usage_error(root: Path, argv: list[str], needle: str, cli: Callable[..., Run]) -> None:
+    run = cli("--root", str(root), "list", *argv)
     assert run.code == 2 and needle in run.err, run.err
     assert run.out == ""
-    as_json = dsh("--root", str(root), "list", "--json", *argv)
+    as_json = cli("--root", str(root), "list", "--json", *argv)
     assert as_json.code == 2 and needle in error_doc(as_json)["message"]
 
 
-def test_a_cursor_from_another_root_is_refused(root: Path, tmp_path: Path) -> None:
+def test_a_cursor_from_another_root_is_refused(root: Path, tmp_path: Path, cli: Callable[..., Run]) -> None:
     other = tmp_path / "other"
     plant(other, "elsewhere", chat_log("x"))
     plant(other, "elsewhere-2", chat_log("y"))
-    cursor = dsh("--root", str(other), "list", "--limit", "1", "--json").json()["nextCursor"]
-    run = dsh("--root", str(root), "list", "--limit", "1", "--cursor", cursor, "--json")
+    cursor = cli("--root", str(other), "list", "--limit", "1", "--json").json()["nextCursor"]
+    run = cli("--root", str(root), "list", "--limit", "1", "--cursor", cursor, "--json")
     assert run.code == 2
     error = error_doc(run)
     assert error["code"] == "bad_cursor" and "another storage root" in error["message"]
     # Another filter set is refused too: the cursor would otherwise skip the wrong sessions.
-    own = dsh("--root", str(root), "list", "--limit", "1", "--json").json()["nextCursor"]
-    run = dsh("--root", str(root), "list", "--limit", "1", "--cursor", own, "--cwd", WORK)
+    own = cli("--root", str(root), "list", "--limit", "1", "--json").json()["nextCursor"]
+    run = cli("--root", str(root), "list", "--limit", "1", "--cursor", own, "--cwd", WORK)
     assert run.code == 2 and "other filters" in run.err
 
 
@@ -252,13 +275,20 @@ def test_list_says_when_stored_sessions_cannot_be_read(tmp_path: Path) -> None:
     assert "1 stored session(s) cannot be read" in run.err and "dsh-sessions verify" in run.err
 
 
-def test_missing_root_is_an_error_for_every_reading_command(tmp_path: Path) -> None:
+def test_missing_root_is_an_error_for_every_reading_command(tmp_path: Path, cli: Callable[..., Run]) -> None:
     missing = tmp_path / "typo"
-    for argv in (["list"], ["verify"], ["stats"], ["prune", "--older-than", "30d"], ["rm", "--yes", "x"]):
-        run = dsh("--root", str(missing), *argv)
+    # The first command from a real process (exit 4 as the shell sees it), the others in this one.
+    for argv, via in (
+        (["list"], dsh),
+        (["verify"], cli),
+        (["stats"], cli),
+        (["prune", "--older-than", "30d"], cli),
+        (["rm", "--yes", "x"], cli),
+    ):
+        run = via("--root", str(missing), *argv)
         assert run.code == 4, (argv, run.err)
         assert "does not exist" in run.err
-        as_json = dsh("--root", str(missing), *argv, "--json")
+        as_json = via("--root", str(missing), *argv, "--json")
         assert as_json.code == 4 and error_doc(as_json)["code"] == "unavailable"
     assert not missing.exists()
 
@@ -278,14 +308,14 @@ def test_rm_deletes_durably_and_only_what_it_was_told(root: Path) -> None:
     assert as_json.json()["deleted"] == ["week"]
 
 
-def test_rm_bad_input_changes_nothing(root: Path) -> None:
+def test_rm_bad_input_changes_nothing(root: Path, cli: Callable[..., Run]) -> None:
     before = snapshot(root)
     unknown = dsh("--root", str(root), "rm", "year", "no-such-session", "--yes")
     assert unknown.code == 3 and "no-such-session" in unknown.err and "nothing was deleted" in unknown.err
     assert error_doc(dsh("--root", str(root), "rm", "nope", "--yes", "--json"))["code"] == "not_found"
     unconfirmed = dsh("--root", str(root), "rm", "year")  # stdin is not a terminal
     assert unconfirmed.code == 2 and "--yes" in unconfirmed.err
-    assert dsh("--root", str(root), "rm").code == 2
+    assert cli("--root", str(root), "rm").code == 2
     assert snapshot(root) == before
 
 
@@ -385,20 +415,20 @@ def test_prune_deletes_by_age_and_keeps_the_last_n(root: Path) -> None:
 
 
 @pytest.mark.parametrize("duration", ["30", "abc", "0d", "-5d", "30x", "1.5d", "", "99999999999d"])
-def test_prune_refuses_nonsense_durations(root: Path, duration: str) -> None:
+def test_prune_refuses_nonsense_durations(root: Path, duration: str, cli: Callable[..., Run]) -> None:
     before = snapshot(root)
-    run = dsh("--root", str(root), "prune", "--older-than", duration, "--yes")
+    run = cli("--root", str(root), "prune", "--older-than", duration, "--yes")
     assert run.code == 2, run.err
     assert "--older-than" in run.err
-    assert error_doc(dsh("--root", str(root), "prune", "--older-than", duration, "--yes", "--json"))["exit"] == 2
+    assert error_doc(cli("--root", str(root), "prune", "--older-than", duration, "--yes", "--json"))["exit"] == 2
     assert snapshot(root) == before
 
 
-def test_prune_needs_a_policy(root: Path) -> None:
+def test_prune_needs_a_policy(root: Path, cli: Callable[..., Run]) -> None:
     before = snapshot(root)
-    assert dsh("--root", str(root), "prune", "--yes").code == 2
-    assert dsh("--root", str(root), "prune", "--keep-last", "-1", "--yes").code == 2
-    assert dsh("--root", str(root), "prune", "--keep-last", "many", "--yes").code == 2
+    assert cli("--root", str(root), "prune", "--yes").code == 2
+    assert cli("--root", str(root), "prune", "--keep-last", "-1", "--yes").code == 2
+    assert cli("--root", str(root), "prune", "--keep-last", "many", "--yes").code == 2
     assert snapshot(root) == before
 
 
@@ -532,11 +562,11 @@ def test_torn_tail_message_does_not_claim_what_it_cannot_know(tmp_path: Path) ->
     assert "never acknowledged" not in run.out
 
 
-def test_errors_are_json_on_stdout_under_json(root: Path) -> None:
+def test_errors_are_json_on_stdout_under_json(root: Path, cli: Callable[..., Run]) -> None:
     show = dsh("--root", str(root), "show", "nope", "--json")
     assert show.code == 3 and error_doc(show)["code"] == "not_found"
     assert "not found" in show.err  # the human line still goes to stderr
-    usage = dsh("--json", "--root", str(root), "list", "--bogus")
+    usage = cli("--json", "--root", str(root), "list", "--bogus")
     assert usage.code == 2 and error_doc(usage)["code"] == "usage"
     ok = dsh("--root", str(root), "verify", "--json")
     assert ok.code == 0 and "error" not in ok.json()
@@ -571,4 +601,4 @@ def on_a_terminal(argv: list[str], answer: str) -> Run:
         out = proc.stdout.read().decode()
     proc.wait(timeout=30)
     os.close(primary)
-    return Run(subprocess.CompletedProcess(argv, proc.returncode, out, err.decode(errors="replace")))
+    return Run(proc.returncode, out, err.decode(errors="replace"))

@@ -18,17 +18,13 @@ from __future__ import annotations
 import builtins
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import ConnectionPool
 
 from ._abandon import WriteChains, run_abandonable
 from ._codec import DEFAULT_COMPRESS_THRESHOLD, EventCodec
-from ._connections import Connections
 from ._core import (
     IncompleteInheritedPrefixError,
     KeyProvider,
@@ -47,11 +43,16 @@ from ._core import (
     check_contiguous,
 )
 from ._errors import PostgresConfigurationError
-from ._lease import AdvisoryLease, NoLease, acquire_advisory_lease
-from ._schema import Tables
-from ._sealing import RowSealer
+from ._sealing import RowSealer  # no psycopg in it
 from ._settings import Settings
-from ._store import SyncStore
+
+# psycopg (about 0.4 s of CPU to import) and the modules built on it load when the first backend is built, not
+# with this module: every dsh-sessions process imports the class through the plugin entry point, and most of them
+# never use PostgreSQL.
+if TYPE_CHECKING:
+    from psycopg_pool import ConnectionPool
+
+    from ._lease import AdvisoryLease, NoLease
 
 __all__ = ["PostgresBackend"]
 
@@ -60,6 +61,9 @@ T = TypeVar("T")
 
 def _where(conninfo: str, pool: ConnectionPool[Any] | None) -> str:
     """host:port/dbname of the connection settings (for the cursor scope; no credentials)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
     text = pool.conninfo if pool is not None and isinstance(pool.conninfo, str) else conninfo
     try:
         params = conninfo_to_dict(text)
@@ -112,6 +116,12 @@ class PostgresBackend:
         writer_lease: bool = False,
         encryption: KeyProvider | None = None,
     ) -> None:
+        from psycopg_pool import ConnectionPool
+
+        from ._connections import Connections
+        from ._schema import Tables
+        from ._store import SyncStore
+
         if pool is not None and (conninfo or connection_kwargs):
             raise PostgresConfigurationError("pass either a pool or conninfo/connection_kwargs, not both")
         if pool is not None and not isinstance(pool, ConnectionPool):
@@ -295,6 +305,8 @@ class PostgresBackend:
         it is refused up front with :class:`~dsh.session_persistence.SessionLockedError` naming the holder;
         each held lease uses a connection of its own until released.
         """
+        from ._lease import NoLease, acquire_advisory_lease
+
         if not self._writer_lease:
             return NoLease()
         await self._run(self._store.start)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
-
-import zstandard
+from typing import TYPE_CHECKING
 
 from ._core import SessionEvent, decode_event_line, encode_event
+
+if TYPE_CHECKING:  # imported at the first (de)compression: the plugin module loads this one in every CLI process
+    import zstandard
 
 __all__ = ["DEFAULT_COMPRESS_THRESHOLD", "EventCodec"]
 
@@ -32,6 +34,8 @@ class EventCodec:
     def _contexts(self) -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
         pair: tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor] | None = getattr(self._local, "pair", None)
         if pair is None:
+            import zstandard
+
             pair = (zstandard.ZstdCompressor(level=self._level), zstandard.ZstdDecompressor())
             self._local.pair = pair
         return pair

@@ -36,6 +36,7 @@ from psycopg import Connection, sql
 from psycopg.rows import TupleRow
 
 from ._errors import PostgresConfigurationError, SchemaVersionError
+from ._limits import MAX_IDENTIFIER_BYTES, SCHEMA_VERSION, SEALED_SCHEMA_VERSION
 
 __all__ = [
     "MAX_IDENTIFIER_BYTES",
@@ -46,14 +47,6 @@ __all__ = [
     "ensure_schema",
     "quote_identifier",
 ]
-
-#: The schema version of a plaintext store (what 0.1 and 0.2 create and read).
-SCHEMA_VERSION = 1
-#: The schema version of a store that may hold sealed sessions; this build reads both.
-SEALED_SCHEMA_VERSION = 2
-
-#: PostgreSQL truncates identifiers to this many bytes (NAMEDATALEN - 1); longer schema names are refused.
-MAX_IDENTIFIER_BYTES = 63
 
 # pg_advisory_xact_lock(int, int) key: a constant class ("dsh\0") and the hash of the schema name.
 _LOCK_CLASS = 0x64736800
