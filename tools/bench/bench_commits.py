@@ -225,7 +225,7 @@ async def commit_section(args: argparse.Namespace, cfg: Config, report: Report, 
     print(f"\n2. commit workload: {cfg.turns} turns, {commits} durable commits; median of {cfg.reps}", flush=True)
 
     async def dsh_run(where: str) -> WriteRun:
-        return await run_dsh(ops, where)
+        return await run_dsh(ops, where, resume=True)
 
     async def raw_run(where: str) -> WriteRun:
         run = run_raw(ops, where)

@@ -22,15 +22,16 @@ from bench_workload import CWD, FLUSH, SESSION_ID, Op, batches, raw_json_bytes, 
 from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
 
 
-async def run_dsh(ops: list[Op], where: str, *, pack_chunks: bool = True) -> WriteRun:
+async def run_dsh(ops: list[Op], where: str, *, pack_chunks: bool = True, resume: bool = False) -> WriteRun:
     """Full stack: Host + SessionStore appends + PersistenceCoordinator (write-behind) + JsonlBackend(zstd).
 
     At each durable point the bench does what the checkpoint policy does: ``store.flush(session)`` shielded.
+    ``resume``: also time a load right after a preview (section 2 reports it; section 1 does not).
     """
     seconds, events = await full_stack_write(ops, _jsonl(where, pack_chunks=pack_chunks))
     # Reload: a fresh host and coordinator (a cold process), end to end.
     reload_s = await _dsh_reload(where, pack_chunks, events)
-    resume_s = await _dsh_resume_after_preview(where, pack_chunks, events)
+    resume_s = await _dsh_resume_after_preview(where, pack_chunks, events) if resume else None
     return WriteRun(seconds, events, _tree_size(where), reload_s, resume_s=resume_s)
 
 
