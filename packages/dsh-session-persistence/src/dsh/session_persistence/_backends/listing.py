@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import hashlib
 import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from .._model.errors import LifecycleArgumentError, SessionCursorError
 from .._model.header import SessionHeader
@@ -39,6 +40,7 @@ __all__ = [
     "ListQuery",
     "SessionListing",
     "SessionPage",
+    "SupportsListPage",
     "decode_list_cursor",
     "encode_list_cursor",
     "make_list_query",
@@ -214,3 +216,26 @@ def decode_list_cursor(cursor: str, scope: str, query: ListQuery) -> ListPositio
     if body["q"] != query.filter_digest():
         raise SessionCursorError("cursor was made for another order or other filters; list again without a cursor")
     return ListPosition(key=body["k"], session_id=body["i"])
+
+
+@runtime_checkable
+class SupportsListPage(Protocol):
+    """A backend that answers paged, ordered, filtered listings without loading every log.
+
+    ``cursor_scope`` names the storage the cursors belong to (for files, the root; for a database, the
+    database and schema): the coordinator binds every cursor to it, so a cursor from another root is refused.
+    """
+
+    @property
+    def cursor_scope(self) -> str:
+        """A stable string identifying this storage (never shown to users; only hashed into cursors)."""
+        ...
+
+    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
+        """At most ``query.limit`` rows (all if ``None``) that satisfy ``query.matches``, in ``query.order_key`` order.
+
+        The first page of a large store must not cost a read of every log or every header where the storage
+        can order by activity cheaply (file modification times, an index). Unreadable headers are left out,
+        as ``list`` leaves them out; ``verify`` is the tool that reports them.
+        """
+        ...

@@ -14,7 +14,6 @@ from typing import Protocol, runtime_checkable
 
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
-from .listing import ListQuery, SessionListing
 
 __all__ = [
     "RawArtifact",
@@ -30,7 +29,6 @@ __all__ = [
     "SupportsCompact",
     "SupportsDelete",
     "SupportsKeySources",
-    "SupportsListPage",
     "SupportsSalvage",
     "SupportsAclose",
     "SupportsLocate",
@@ -163,29 +161,6 @@ class SupportsDelete(Protocol):
         writer lease takes it for the deletion and raises ``SessionLockedError`` (naming the holder, deleting
         nothing) while another writer holds it. A crash part-way leaves either the whole log or no log, never a
         readable fragment.
-        """
-        ...
-
-
-@runtime_checkable
-class SupportsListPage(Protocol):
-    """A backend that answers paged, ordered, filtered listings without loading every log.
-
-    ``cursor_scope`` names the storage the cursors belong to (for files, the root; for a database, the
-    database and schema): the coordinator binds every cursor to it, so a cursor from another root is refused.
-    """
-
-    @property
-    def cursor_scope(self) -> str:
-        """A stable string identifying this storage (never shown to users; only hashed into cursors)."""
-        ...
-
-    async def list_page(self, query: ListQuery) -> builtins.list[SessionListing]:
-        """At most ``query.limit`` rows (all if ``None``) that satisfy ``query.matches``, in ``query.order_key`` order.
-
-        The first page of a large store must not cost a read of every log or every header where the storage
-        can order by activity cheaply (file modification times, an index). Unreadable headers are left out,
-        as ``list`` leaves them out; ``verify`` is the tool that reports them.
         """
         ...
 

@@ -11,8 +11,8 @@ import contextlib
 import os
 from typing import Any
 
-from .._backends.listing import SessionListing
-from .._backends.protocol import StoredArtifact, SupportsArtifactScan, SupportsListPage
+from .._backends.listing import SessionListing, SupportsListPage
+from .._backends.protocol import StoredArtifact, SupportsArtifactScan
 from .._model.errors import SessionNotFoundError
 from .._model.events import SessionEvent, TextBlock
 from ._context import Stack

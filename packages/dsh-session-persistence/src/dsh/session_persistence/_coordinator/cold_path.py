@@ -19,7 +19,6 @@ from .._model.events import SessionEvent
 from .._model.repair import interrupted_turn_closers
 from .._model.views import SessionEventSuffix, SessionInspection
 from .._wire.stored_log import corruption, validate_stored
-from .durable import repair
 from .state import CoordinatorCore, SessionState
 
 __all__ = ["MAX_COLD_ATTEMPTS", "Prepared", "cold_commit", "prepare", "read_from"]
@@ -86,7 +85,7 @@ async def cold_commit(core: CoordinatorCore, session_id: str, *, for_write: bool
         # read) in this very attempt, with nothing awaited since, and a write below happens under the lease.
         storage = StorageMetadata(stored.meta, stored.inherited_event_count)
         if needs_repair:
-            await repair(core, session_id, storage, stored.torn_marker, prepared.closers)
+            await core.writes.repair(session_id, storage, stored.torn_marker, prepared.closers)
             continue  # re-read: the committed view is what storage now holds
         if state is None:
             core.states[session_id] = SessionState(storage, len(stored.events), True, None)

@@ -28,11 +28,12 @@ from .._backends.listing import (
     ListQuery,
     SessionListing,
     SessionPage,
+    SupportsListPage,
     decode_list_cursor,
     encode_list_cursor,
     make_list_query,
 )
-from .._backends.protocol import StorageMetadata, SupportsCompact, SupportsDelete, SupportsListPage
+from .._backends.protocol import StorageMetadata, SupportsCompact, SupportsDelete
 from .._model.errors import (
     LifecycleArgumentError,
     SessionChangedError,

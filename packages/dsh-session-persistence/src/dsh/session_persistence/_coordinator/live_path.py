@@ -37,7 +37,6 @@ from .._model.header import SessionHeader
 from .._model.repair import has_open_turn
 from .._model.views import SessionInspection
 from .._wire.stored_log import same_events, validate_stored
-from .durable import append_settled, repair, settle_doubt
 from .scheduling import Scheduler
 from .state import CoordinatorCore, Outcome, SessionState
 from .write_behind import WriteBehindController
@@ -193,7 +192,7 @@ class LivePath:
         if state is not None and state.owner is session:
             return ()
         if state is not None and state.owner is not None:
-            other = self.live.get(state.owner)
+            other = self.live.get(state.owner) if isinstance(state.owner, Session) else None
             if state.materialized or (other is not None and other.writes.has_work):
                 raise SessionIdCollisionError(
                     f'session "{session_id}" is already bound to a different live session in this backend '
@@ -206,7 +205,7 @@ class LivePath:
             _check_identity(session_id, state.storage, header, cut)
             if state.materialized:
                 await core.leases.acquire(state.storage.meta)  # adoption: the lease before reading for good
-                await settle_doubt(core, session_id, state)
+                await core.writes.settle_doubt(session_id, state)
                 stored = await core.backend.load_stored(session_id)
                 if stored is None or not _extends(stored.events, state.cursor, seed):
                     raise SessionIdCollisionError(
@@ -215,7 +214,7 @@ class LivePath:
                     )
                 state.cursor = len(stored.events)
                 if stored.torn_marker is not None:
-                    await repair(core, session_id, state.storage, stored.torn_marker, [])
+                    await core.writes.repair(session_id, state.storage, stored.torn_marker, [])
             state.owner = session
             return seed[state.cursor :]
         stored = await core.backend.load_stored(session_id)
@@ -237,7 +236,7 @@ class LivePath:
             state = SessionState(storage, len(stored.events), True, session)
             if stored.torn_marker is not None:
                 # Truncate only: a live turn is never closed by repair.
-                await repair(core, session_id, storage, stored.torn_marker, [])
+                await core.writes.repair(session_id, storage, stored.torn_marker, [])
             core.states[session_id] = state
         else:
             # A new session: nothing is written (and no lease taken) before its first batch.
@@ -260,12 +259,12 @@ class LivePath:
             raise SessionIdCollisionError(
                 f'session "{session_id}" is already bound to a different live session in this backend (id collision)'
             )
-        await settle_doubt(core, session_id, state)  # first: a settled write may already hold part of the batch
+        await core.writes.settle_doubt(session_id, state)  # first: a settled write may already hold part of the batch
         cursor = state.cursor
         # Usually nothing of the batch is stored yet: one comparison, not one per event.
         fresh = batch if batch and batch[0].seq >= cursor else [event for event in batch if event.seq >= cursor]
         if fresh:
-            await append_settled(core, session_id, state, fresh, own_task=True)
+            await core.writes.append_settled(session_id, state, fresh, own_task=True)
 
     async def flush(self, session: Session) -> None:
         """Coordinator flush: initialization first, then the controller's quiescence barrier."""

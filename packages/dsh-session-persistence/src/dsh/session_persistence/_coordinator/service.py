@@ -49,7 +49,7 @@ from .._model.jsonvalue import is_safe_int
 from .._model.views import SessionEventSuffix, SessionInspection
 from . import lifecycle as _lifecycle
 from .cold_path import cold_commit, iter_from, prepare, read_from
-from .durable import append, materialize, rewrite
+from .durable import DurableWrites
 from .hooks import SessionHooks
 from .inputs import check_create_meta, check_offset, snapshot_batch
 from .live_path import LivePath, live_view
@@ -96,7 +96,7 @@ class PersistenceCoordinator:
             raise TypeError(f"writeBatchMaxDelayMs must be an integer between 1 and {MAX_DELAY_MS_LIMIT}")
         self._host = host
         self._backend = backend
-        self._core = core = CoordinatorCore(host, backend, prepared_session_cache_size)
+        self._core = core = CoordinatorCore(host, backend, DurableWrites, prepared_session_cache_size)
         self._livepath = LivePath(core, self._spawn, write_batch_max_delay_ms)
         self._livepath.scheduler = scheduler
         self._retirement = Retirement(core, self._livepath, self._spawn)
@@ -117,6 +117,11 @@ class PersistenceCoordinator:
     def backend(self) -> SessionBackend:
         """The storage backend."""
         return self._backend
+
+    def _live_session(self, session_id: str) -> Session | None:
+        """The host's live Session with this id, if any (the core's lookup, typed for the paths that use it)."""
+        store = self._host.sessions
+        return None if store is None else store.get(session_id)
 
     @property
     def name(self) -> str:
@@ -274,7 +279,7 @@ class PersistenceCoordinator:
                 raise SessionPersistenceError(f'session "{session_id}" is not registered for persistence')
             if state.materialized:
                 return
-            await materialize(core, session_id, state)
+            await core.writes.materialize(session_id, state)
 
         await core.chains.run(session_id, run)
 
@@ -292,7 +297,7 @@ class PersistenceCoordinator:
                 # Adopt the stored log (committing any pending crash repair) under the writer lease.
                 await cold_commit(core, session_id, for_write=True)
                 state = core.states[session_id]
-            await append(core, session_id, state, batch)
+            await core.writes.append(session_id, state, batch)
 
         await core.chains.run(session_id, run)
 
@@ -302,7 +307,7 @@ class PersistenceCoordinator:
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         core = self._core
-        session = core.live_session(session_id)
+        session = self._live_session(session_id)
         if session is not None:
             return await self._livepath.load_live(session)
         core.reservations[session_id] = core.reservations.get(session_id, 0) + 1
@@ -322,11 +327,11 @@ class PersistenceCoordinator:
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         core = self._core
-        session = core.live_session(session_id)
+        session = self._live_session(session_id)
         if session is not None:
             return live_view(session)
         prepared = await core.chains.run(session_id, lambda: prepare(core, session_id))
-        session = core.live_session(session_id)
+        session = self._live_session(session_id)
         if session is not None:
             # Published while we read: the live Session wins.
             return live_view(session)
@@ -400,7 +405,7 @@ class PersistenceCoordinator:
                 )
             if length > len(events) or length < state.storage.inherited_event_count:
                 raise ValueError(f"session truncation length {length} is outside the writable log prefix")
-            await rewrite(core, session_id, state, events, events[:length])
+            await core.writes.rewrite(session_id, state, events, events[:length])
 
         await core.chains.run(session_id, run)
 

@@ -10,7 +10,9 @@ anything. A backend without the lease primitive (see
 a no-op and only the backend's own checks stop a second writer.
 
 Both live here, not in modules of their own, so the core object sits few layers above the model (the import
-graph's depth is measured by ``tools/import-graph``).
+graph's depth is measured by ``tools/import-graph``). For the same reason the core reaches the host and the durable
+writes through two small protocols (:class:`SessionHost`, :class:`Writes`): it imports neither ``_host`` nor
+``durable``, and the cold path, the live path and ``durable`` all sit one layer over it, side by side.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -38,15 +40,23 @@ from .._backends.protocol import (
     SupportsWriterLease,
     WriterLease,
 )
-from .._host.host import Host
-from .._host.session import Session
 from .._model.errors import SessionPersistenceError
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
 from .fifo import FifoChains
 from .preparations import PreparationCache
 
-__all__ = ["Capabilities", "CoordinatorCore", "LeaseTable", "Outcome", "PendingWrite", "SessionState"]
+__all__ = [
+    "Capabilities",
+    "CoordinatorCore",
+    "LeaseTable",
+    "LiveSessions",
+    "Outcome",
+    "PendingWrite",
+    "SessionHost",
+    "SessionState",
+    "Writes",
+]
 
 _logger = logging.getLogger("dsh.session_persistence")
 
@@ -161,7 +171,8 @@ class SessionState:
     storage: StorageMetadata
     cursor: int
     materialized: bool
-    owner: Session | None
+    #: The live ``Session`` writing this id (compared by identity only), ``None`` while ownerless.
+    owner: object | None
     doubt: PendingWrite | None = None
     settled: tuple[SessionEvent, ...] = field(default=())
     running: anyio.Event | None = None
@@ -198,6 +209,50 @@ class Outcome:
         return True
 
 
+class LiveSessions(Protocol):
+    """The host's live-session store, as the coordinator's parts ask it (``_host.session.SessionStore``)."""
+
+    def get(self, session_id: str, /) -> object | None: ...
+
+    def is_live(self, session: Any, /) -> bool: ...
+
+
+class SessionHost(Protocol):
+    """What the core object needs of the plugin host (``_host.host.Host``): its live sessions, when it has a store.
+
+    A protocol, so the core sits below the host's modules; the service, which registers hooks, holds the host itself.
+    """
+
+    @property
+    def sessions(self) -> LiveSessions | None: ...
+
+
+class Writes(Protocol):
+    """The coordinator's durable writes (:class:`.durable.DurableWrites`), reached as ``core.writes``.
+
+    Typed here, so the cold and live paths call them through the one core object and sit beside ``durable``.
+    Each runs serialized on the session's FIFO chain; settlement of an in-doubt write runs once per write.
+    """
+
+    async def settle_doubt(self, session_id: str, state: SessionState) -> None: ...
+
+    async def append(self, session_id: str, state: SessionState, batch: Sequence[SessionEvent]) -> None: ...
+
+    async def append_settled(
+        self, session_id: str, state: SessionState, batch: Sequence[SessionEvent], *, own_task: bool = False
+    ) -> None: ...
+
+    async def materialize(self, session_id: str, state: SessionState) -> None: ...
+
+    async def rewrite(
+        self, session_id: str, state: SessionState, expected: Sequence[SessionEvent], events: Sequence[SessionEvent]
+    ) -> None: ...
+
+    async def repair(
+        self, session_id: str, storage: StorageMetadata, marker: object | None, closers: Sequence[SessionEvent]
+    ) -> None: ...
+
+
 def _prepared_size(prepared: Any) -> int:
     return len(prepared.inspection.events)
 
@@ -205,7 +260,13 @@ def _prepared_size(prepared: Any) -> int:
 class CoordinatorCore:
     """The state every part of the coordinator reads and updates (one instance per coordinator)."""
 
-    def __init__(self, host: Host, backend: SessionBackend, prepared_sessions: int = 5) -> None:
+    def __init__(
+        self,
+        host: SessionHost,
+        backend: SessionBackend,
+        writes: Callable[[CoordinatorCore], Writes],
+        prepared_sessions: int = 5,
+    ) -> None:
         self.host = host
         self.backend = backend
         self.caps = Capabilities.of(backend)
@@ -223,6 +284,8 @@ class CoordinatorCore:
         self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
         #: Durable writes still running (a caller left at its deadline): the coordinator closes after them.
         self.running_writes: set[anyio.Event] = set()
+        #: The durable writes, built last: they read the core's backend, capabilities and leases.
+        self.writes = writes(self)
 
     def require_open(self) -> None:
         """Refuse work once the coordinator has closed."""
@@ -251,7 +314,7 @@ class CoordinatorCore:
             return None
         return None if location is None else location.path
 
-    def live_session(self, session_id: str) -> Session | None:
+    def live_session(self, session_id: str) -> object | None:
         """The host's live Session with this id, if any."""
         store = self.host.sessions
         return None if store is None else store.get(session_id)

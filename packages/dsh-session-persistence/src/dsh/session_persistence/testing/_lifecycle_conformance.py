@@ -16,12 +16,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from .._backends.protocol import (
-    SupportsCompact,
-    SupportsDelete,
-    SupportsListPage,
-    SupportsWriterLease,
-)
+from .._backends.listing import SupportsListPage
+from .._backends.protocol import SupportsCompact, SupportsDelete, SupportsWriterLease
 from .._model.errors import (
     LifecycleArgumentError,
     SessionChangedError,

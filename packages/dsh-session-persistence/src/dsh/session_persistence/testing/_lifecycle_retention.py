@@ -14,13 +14,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._backends.listing import SessionListing
+from .._backends.listing import SessionListing, SupportsListPage
 from .._backends.protocol import (
     SessionBackend,
     StorageMetadata,
     SupportsCompact,
     SupportsDelete,
-    SupportsListPage,
 )
 from .._model.errors import (
     LifecycleArgumentError,
