@@ -3,15 +3,17 @@
 The figures count every import, those under ``TYPE_CHECKING`` and inside functions included. The bounds are on the
 layers from each face in the tool's ``FACES`` down. The root face (``dsh.session_persistence``): 14 before the 0.3
 flattening, 11 after it, 10 since the coordinator's in-doubt settlement folded into ``durable`` (``in_doubt`` gone,
-issue 24). The testing kit: 14 until the lifecycle cases' shared part joined the retention cases (13). The CLI
-(``python -m dsh.session_persistence``): 16 until its walks joined ``_examine`` and ``__main__`` imported
-``_cli._main`` itself (13).
+issue 24), 9 since the loop's runtime stopped importing ``tool_calls``. The testing kit: 14, then 13 when the
+lifecycle cases' shared part joined the retention cases, then 10. The CLI (``python -m dsh.session_persistence``):
+16, then 13 when its walks joined ``_examine``, then 10.
 
-Why the kit and the CLI stop at 13, not 10: ``_coordinator.service`` is 8 layers from the bottom (its core object
-holds a ``Host`` and ``Session``s, 4 layers over the event values, and ``durable`` and the cold and live paths stack
-on it), the rig and the CLI's stack construct a coordinator (9), and above them the kit's classes are a chain the
-API snapshot fixes (``BackendConformance`` over ``LifecycleConformance`` over ``_RetentionCases``) and the CLI is
-entry, dispatch, command and the shared examination module.
+How the kit and the CLI reached 10 (issue 23): ``_coordinator.service`` went from 8 layers to 6. The backend
+protocol no longer imports the listing (``SupportsListPage`` lives there); the core object (``state``) reaches the
+host and the durable writes through two small protocols, so it imports neither ``_host`` nor ``durable``, and the cold
+path, the live path and ``durable`` sit side by side one layer over it. Above the service: the kit is the face,
+``_conformance`` (both public kit classes), a group of cases and the rig (with the cases' base); the CLI is
+``__main__``, ``_cli._main``, a command, and ``_cli._context`` or a read helper that takes the coordinator, not the
+command's ``Stack``.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ TOP = "dsh.session_persistence"
 WINGS = ("_model", "_wire", "_host", "_backends", "_coordinator", "_loop")
 #: The most layers from each face down; every face of the tool's FACES has one (test_every_face_has_a_bound).
 FACE_BOUNDS = {
-    TOP: 10,  # was 11 until in_doubt folded into durable
-    **{f"{TOP}.{face}": 9 for face in ("events", "backend", "hookspecs", "loop", "repair", "invariant", "encryption")},
-    f"{TOP}.testing": 13,  # was 14 until _lifecycle_base joined _lifecycle_retention
-    f"{TOP}.testing.fixtures": 10,
-    f"{TOP}.__main__": 13,  # was 16 until _walk and _verify_walk joined _examine
+    TOP: 9,  # was 10 until the loop's runtime stopped importing tool_calls
+    **{f"{TOP}.{face}": 9 for face in ("events", "backend", "hookspecs", "repair", "invariant", "encryption")},
+    f"{TOP}.loop": 8,  # was 9 (the runtime, as above)
+    f"{TOP}.testing": 10,  # was 13 until the coordinator's service went from 8 layers to 6 and the kit lost two
+    f"{TOP}.testing.fixtures": 6,
+    f"{TOP}.__main__": 10,  # was 13 until the service went to 6 and the CLI's read helpers stopped importing _context
 }
 
 

@@ -102,6 +102,19 @@ def test_readme_composition_example_runs(tmp_path: Path) -> None:
     assert "tool/call" in types_seen and "tool/result" in types_seen
 
 
+def test_the_scripted_model_tools_and_log_builders_need_no_pytest() -> None:
+    """What the README's example says: the testing face works in a plain install (only the kits and their rig,
+    loaded on first use, need pytest)."""
+    code = (
+        "import sys\n"
+        "sys.modules['pytest'] = None  # as if the [testing] extra were not installed\n"
+        "from dsh.session_persistence.testing import ScriptedAdapter, ScriptedTool, TextResponse, one_turn_log\n"
+        "ScriptedAdapter([TextResponse('hi')]); ScriptedTool('t'); one_turn_log()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+
+
 class TestDocsExampleBackendConformance(BackendConformance, StorageContractConformance):
     """The backend guide's example, run through the whole kit (and the storage-level contract cases)."""
 

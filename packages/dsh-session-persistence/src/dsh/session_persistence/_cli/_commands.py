@@ -31,7 +31,7 @@ def require_readable(report: SessionReport) -> None:
 
 async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Every session, newest first: id, created, cwd, events, size, last activity, status."""
-    reports = await walk(stack, io, "reading sessions")
+    reports = await walk(stack.coordinator, io, "reading sessions")
     if args.json:
         write_json(
             io.out, {"root": stack.root, "backend": stack.backend_name, "sessions": [report_json(r) for r in reports]}
@@ -53,7 +53,7 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
 
 async def cmd_show(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """A readable transcript of one session (read-only: pending repairs are shown, not written)."""
-    report = await examine(stack, args.id)
+    report = await examine(stack.coordinator, args.id)
     require_readable(report)
     assert report.inspection is not None
     entries = transcript_entries(report.events, report.stored_events)
@@ -93,7 +93,7 @@ async def cmd_export(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     With ``--salvage`` a damaged log yields the events before its first damage instead of an error.
     """
     if getattr(args, "salvage", False):
-        events = await salvage_events(stack, args.id, io)
+        events = await salvage_events(stack.coordinator, args.id, io, backend_name=stack.backend_name)
     else:
         events = list((await stack.coordinator.inspect(args.id)).events)
     lines = b"".join(encode_event(event) + b"\n" for event in events)
@@ -109,7 +109,7 @@ async def cmd_export(args: argparse.Namespace, stack: Stack, io: Io) -> int:
 
 async def cmd_stats(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Counts, bytes and the compression ratio over every session."""
-    reports = await walk(stack, io, "measuring sessions")
+    reports = await walk(stack.coordinator, io, "measuring sessions")
     statuses: Counter[str] = Counter(r.status for r in reports)
     types: Counter[str] = Counter()
     repaired: Counter[str] = Counter()

@@ -33,10 +33,10 @@ import anyio.to_thread
 from .._coordinator.service import PersistenceCoordinator
 from .._host.reconcile import describe
 from .._host.session import SessionStore
+from .._loop.agent import AgentLoop
 from .._model.events import ToolReconcile
 from .._wire.codec import event_to_builtins
-from ..loop import AgentLoop
-from ._context import Stack, load_host, select_backend
+from ._context import load_host, select_backend
 from ._demo_model import API_KEY_ENV, RealModel, adapter_factory, close_adapter, open_adapter, real_model
 from ._demo_script import (
     KILL_MARKER,
@@ -200,7 +200,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
     if choice is not None:
         adapter_factory()  # a missing adapter is reported before anything is created or spawned
     host = load_host()
-    name, backend_cls = select_backend(host, "jsonl")
+    _name, backend_cls = select_backend(host, "jsonl")
     if host.get_plugin(POLICY_PLUGIN) is None:
         raise CliError(
             "the demo needs the checkpoint policy: pip install dsh-session-checkpoint-policy", EXIT_UNAVAILABLE
@@ -228,8 +228,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
     store = SessionStore(host)
     backend: Any = backend_cls(root)  # type: ignore[call-arg]
     async with PersistenceCoordinator(host, backend) as coordinator:
-        stack = Stack(host=host, backend=backend, coordinator=coordinator, backend_name=name, root=root)
-        before: SessionReport = await examine(stack, session_id)
+        before: SessionReport = await examine(coordinator, session_id)
         if before.status not in ("interrupted", "torn"):
             raise CliError(f"expected an interrupted session after the kill, found {before.status}", EXIT_DEMO_FAILED)
         if human:
@@ -255,7 +254,7 @@ async def cmd_demo(args: argparse.Namespace, base: str, io: Io) -> int:
             store.dispose(loop.session)
         finally:
             await close_adapter(model)
-        after = await examine(stack, session_id)
+        after = await examine(coordinator, session_id)
     if end.reason.error is not None:
         failure = end.reason.error
         raise CliError(f"the model failed in the resumed turn: {failure.code}: {failure.message}", EXIT_DEMO_FAILED)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from ._context import Stack
+from .._backends.protocol import SessionBackend
 from ._errors import EXIT_DAMAGED, EXIT_DECLINED, CliError
 from ._io import Io
 
@@ -24,11 +24,15 @@ class DiscardsDamagedTail(Protocol):
     async def discard_damaged_tail(self, session_id: str, tail: Any) -> None: ...
 
 
-async def discard_damaged_tail(stack: Stack, io: Io, session_id: str, *, yes: bool, json: bool, confirm: Any) -> str:
-    """Find the damaged final batch, print what is lost, confirm, cut it; returns what was lost (one line)."""
-    backend = stack.backend
+async def discard_damaged_tail(
+    backend: SessionBackend, io: Io, session_id: str, *, backend_name: str, yes: bool, json: bool, confirm: Any
+) -> str:
+    """Find the damaged final batch, print what is lost, confirm, cut it; returns what was lost (one line).
+
+    ``backend_name`` is the backend's name on the command line, for the refusal when it cannot discard.
+    """
     if not isinstance(backend, DiscardsDamagedTail):
-        raise CliError(f'backend "{stack.backend_name}" cannot discard a damaged final batch', EXIT_DAMAGED)
+        raise CliError(f'backend "{backend_name}" cannot discard a damaged final batch', EXIT_DAMAGED)
     try:
         tail = await backend.find_damaged_tail(session_id)
     except Exception as exc:  # the damage is not confined to the final batch: nothing is discarded

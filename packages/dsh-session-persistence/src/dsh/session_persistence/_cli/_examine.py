@@ -11,8 +11,9 @@ transcript, one without a header, a file whose name is not a session id), so wit
 artifacts (``SupportsArtifactScan``) ``verify`` examines every artifact by name instead. ``closer_plan`` and
 ``report_json`` are the per-session summaries the commands print.
 
-The walks live here with ``examine`` so that every command reads sessions through one module over the stack
-(siblings over ``_context``, not a chain of helpers: ``tools/import-graph``).
+The walks live here with ``examine`` so that every command reads sessions through one module over the coordinator
+(siblings, not a chain of helpers); they take the coordinator, not the command's ``Stack``, so this module sits
+right over ``_coordinator.service``, beside ``_context`` rather than over it (``tools/import-graph``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .._backends.protocol import SupportsArtifactScan, SupportsLeaseProbe
+from .._coordinator.service import PersistenceCoordinator
 from .._model.errors import (
     SessionDecryptError,
     SessionFormatUnsupportedError,
@@ -36,7 +38,6 @@ from .._model.errors import (
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader, header_to_builtins
 from .._model.views import SessionInspection
-from ._context import Stack
 from ._io import Io
 from ._output import Progress, iso_time
 
@@ -127,17 +128,19 @@ def file_stat(path: str | None) -> tuple[int | None, int | None]:
     return st.st_size, int(st.st_mtime * 1000)
 
 
-def _location(stack: Stack, header: SessionHeader | None) -> str | None:
+def _location(coordinator: PersistenceCoordinator, header: SessionHeader | None) -> str | None:
     if header is None:
         return None
     try:
-        location = stack.coordinator.locate(header)
+        location = coordinator.locate(header)
     except Exception:
         return None
     return None if location is None else location.path
 
 
-async def examine(stack: Stack, session_id: str, header: SessionHeader | None = None) -> SessionReport:
+async def examine(
+    coordinator: PersistenceCoordinator, session_id: str, header: SessionHeader | None = None
+) -> SessionReport:
     """Examine ``session_id`` without writing anything.
 
     Raises :class:`SessionNotFoundError` for an unknown id and ``OSError`` when storage cannot be read at all;
@@ -145,7 +148,7 @@ async def examine(stack: Stack, session_id: str, header: SessionHeader | None = 
     """
     report = SessionReport(id=session_id, header=header)
     try:
-        inspection = await stack.coordinator.inspect(session_id)
+        inspection = await coordinator.inspect(session_id)
     except SessionNotFoundError:
         raise
     except SessionFormatUnsupportedError as exc:
@@ -161,7 +164,7 @@ async def examine(stack: Stack, session_id: str, header: SessionHeader | None = 
     else:
         report.inspection = inspection
         report.header = inspection.meta
-        stored = await stack.backend.load_stored(session_id)
+        stored = await coordinator.backend.load_stored(session_id)
         if stored is None:  # removed between the two reads
             raise SessionNotFoundError(session_id)
         report.stored_events = len(stored.events)
@@ -178,17 +181,17 @@ async def examine(stack: Stack, session_id: str, header: SessionHeader | None = 
             report.status = "torn"
         elif report.closers:
             report.status = "interrupted"
-        holder = await _lease_holder(stack, report.header)
+        holder = await _lease_holder(coordinator, report.header)
         if holder is not None:
             report.status, report.holder = "live", holder
-    report.location = _location(stack, report.header)
+    report.location = _location(coordinator, report.header)
     report.size, report.mtime_ms = file_stat(report.location)
     return report
 
 
-async def _lease_holder(stack: Stack, header: SessionHeader) -> str | None:
+async def _lease_holder(coordinator: PersistenceCoordinator, header: SessionHeader) -> str | None:
     """Who is writing the session now (``None``: nobody, or the backend cannot tell); never takes the lease."""
-    backend = stack.backend
+    backend = coordinator.backend
     if not isinstance(backend, SupportsLeaseProbe):
         return None
     try:
@@ -212,28 +215,29 @@ class ListsDamaged(Protocol):
     async def list_damaged(self) -> Sequence[Any]: ...
 
 
-async def _damaged(stack: Stack) -> list[SessionReport]:
-    if not isinstance(stack.backend, ListsDamaged):
+async def _damaged(coordinator: PersistenceCoordinator) -> list[SessionReport]:
+    backend = coordinator.backend
+    if not isinstance(backend, ListsDamaged):
         return []
     return [
         SessionReport(id=d.session_id or d.path, status="corrupt", message=d.message, location=d.path)
-        for d in await stack.backend.list_damaged()
+        for d in await backend.list_damaged()
     ]
 
 
-async def walk(stack: Stack, io: Io, label: str) -> list[SessionReport]:
+async def walk(coordinator: PersistenceCoordinator, io: Io, label: str) -> list[SessionReport]:
     """Examine every listed session (read-only), newest first by creation time; unlistable ones count as damaged."""
-    headers = await stack.coordinator.list()
+    headers = await coordinator.list()
     progress = Progress(io.err, label, len(headers))
     reports: list[SessionReport] = []
     try:
         for done, header in enumerate(headers, 1):
             with contextlib.suppress(SessionNotFoundError):  # deleted since the listing: not an error
-                reports.append(await examine(stack, header.id, header))
+                reports.append(await examine(coordinator, header.id, header))
             progress.update(done)
     finally:
         progress.done()
-    reports.extend(await _damaged(stack))
+    reports.extend(await _damaged(coordinator))
     reports.sort(key=lambda r: (r.header.created_at if r.header is not None else 0, r.id), reverse=True)
     return reports
 
@@ -291,11 +295,11 @@ def report_json(report: SessionReport) -> dict[str, Any]:
     }
 
 
-async def verify_walk(stack: Stack, io: Io) -> list[SessionReport]:
+async def verify_walk(coordinator: PersistenceCoordinator, io: Io) -> list[SessionReport]:
     """Examine every artifact (read-only), newest first by creation time, unreadable ones included."""
-    backend = stack.backend
+    backend = coordinator.backend
     if not isinstance(backend, SupportsArtifactScan):
-        return await walk(stack, io, "verifying sessions")
+        return await walk(coordinator, io, "verifying sessions")
     artifacts = await backend.list_artifacts()
     progress = Progress(io.err, "verifying sessions", len(artifacts))
     reports: list[SessionReport] = []
@@ -311,7 +315,7 @@ async def verify_walk(stack: Stack, io: Io) -> list[SessionReport]:
             else:
                 report = None
                 with contextlib.suppress(SessionNotFoundError):  # deleted since the scan: not an error
-                    report = await examine(stack, artifact.session_id)
+                    report = await examine(coordinator, artifact.session_id)
             if report is None:
                 progress.update(done)
                 continue

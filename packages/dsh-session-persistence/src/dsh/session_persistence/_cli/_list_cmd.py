@@ -106,7 +106,7 @@ async def _paged(args: argparse.Namespace, stack: Stack, io: Io) -> tuple[list[t
 
 async def _examine_row(stack: Stack, row: SessionListing) -> SessionReport | None:
     with contextlib.suppress(SessionNotFoundError):  # deleted since the listing: not an error
-        return await examine(stack, row.header.id, row.header)
+        return await examine(stack.coordinator, row.header.id, row.header)
     return None
 
 
@@ -116,7 +116,7 @@ async def _unpaged(args: argparse.Namespace, stack: Stack, io: Io) -> list[tuple
             f'the "{stack.backend_name}" backend cannot page or order by activity (--cursor, --since, --order)',
             EXIT_USAGE,
         )
-    reports = await walk(stack, io, "reading sessions")
+    reports = await walk(stack.coordinator, io, "reading sessions")
     cwd = _cwd_filter(args)
     kept = [
         r

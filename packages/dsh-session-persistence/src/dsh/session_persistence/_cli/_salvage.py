@@ -8,10 +8,10 @@ event that breaks the turn rules, so what comes out is a log prefix every reader
 from __future__ import annotations
 
 from .._backends.protocol import SupportsSalvage
+from .._coordinator.service import PersistenceCoordinator
 from .._model.errors import SessionNotFoundError, SessionPersistenceCorruptionError
 from .._model.events import SessionEvent
 from .._model.validator import TurnValidator
-from ._context import Stack
 from ._errors import EXIT_DAMAGED, CliError
 from ._io import Io
 
@@ -28,15 +28,20 @@ def _valid_prefix(events: list[SessionEvent]) -> tuple[list[SessionEvent], str |
     return events, None
 
 
-async def salvage_events(stack: Stack, session_id: str, io: Io) -> list[SessionEvent]:
-    """The events to export: ``inspect``'s view when the log is intact, else the salvaged prefix (warned)."""
+async def salvage_events(
+    coordinator: PersistenceCoordinator, session_id: str, io: Io, *, backend_name: str
+) -> list[SessionEvent]:
+    """The events to export: ``inspect``'s view when the log is intact, else the salvaged prefix (warned).
+
+    ``backend_name`` is the backend's name on the command line, for the refusal when it cannot salvage.
+    """
     try:
-        return list((await stack.coordinator.inspect(session_id)).events)
+        return list((await coordinator.inspect(session_id)).events)
     except SessionPersistenceCorruptionError as exc:
         damage = str(exc)
-    backend = stack.backend
+    backend = coordinator.backend
     if not isinstance(backend, SupportsSalvage):
-        raise CliError(f'{damage} (the "{stack.backend_name}" backend cannot salvage a damaged log)', EXIT_DAMAGED)
+        raise CliError(f'{damage} (the "{backend_name}" backend cannot salvage a damaged log)', EXIT_DAMAGED)
     salvaged = await backend.load_salvage(session_id)
     if salvaged is None:
         raise SessionNotFoundError(session_id)

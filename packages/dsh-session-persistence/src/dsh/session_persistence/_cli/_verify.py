@@ -54,9 +54,9 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Check one or every session without modifying anything; exit 1 if any is corrupt or refused, else 7 if any
     is encrypted under a key this run was not given (or fails authentication)."""
     if args.id is not None:
-        reports = [await examine(stack, args.id)]
+        reports = [await examine(stack.coordinator, args.id)]
     else:
-        reports = await verify_walk(stack, io)
+        reports = await verify_walk(stack.coordinator, io)
     bad = [r for r in reports if not r.recoverable]
     # Damage outranks a missing key: a script that supplies the key must still learn that something is broken.
     code = EXIT_DAMAGED if any(r.status not in KEY_STATUSES for r in bad) else EXIT_KEY if bad else EXIT_OK
@@ -120,11 +120,13 @@ async def _take_lease(stack: Stack, report: SessionReport) -> None:
 
 async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Say what a cold load will commit, confirm, then load (which commits the repair)."""
-    report = await examine(stack, args.id)
+    report = await examine(stack.coordinator, args.id)
     discarded = None
     if not report.recoverable and getattr(args, "discard_damaged_tail", False) and report.status == "corrupt":
-        discarded = await discard_damaged_tail(stack, io, args.id, yes=args.yes, json=args.json, confirm=_confirm)
-        report = await examine(stack, args.id)
+        discarded = await discard_damaged_tail(
+            stack.backend, io, args.id, backend_name=stack.backend_name, yes=args.yes, json=args.json, confirm=_confirm
+        )
+        report = await examine(stack.coordinator, args.id)
     if report.status in KEY_STATUSES:
         raise CliError(f"cannot repair: {report.message} (nothing was written)", EXIT_KEY)
     if not report.recoverable:
@@ -153,7 +155,7 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         raise CliError("repair declined; nothing was written", EXIT_DECLINED)
     await _take_lease(stack, report)
     view = await stack.coordinator.load(args.id)
-    after = await examine(stack, args.id)
+    after = await examine(stack.coordinator, args.id)
     if after.status != "ok":  # pragma: no cover - the coordinator re-reads after committing
         raise CliError(f"repair did not settle session {args.id}: now {after.status}", EXIT_DAMAGED)
     if args.json:

@@ -18,6 +18,7 @@ __all__ = [
     "ModelAdapter",
     "Tool",
     "ToolOutput",
+    "ToolOwner",
 ]
 
 #: Default bound on concurrently dispatched parallel-safe tool calls.
@@ -73,6 +74,15 @@ class Tool(Protocol):
     def parallel(self) -> bool: ...
 
     async def run(self, arguments: Any, call_id: str, signal: CancelSignal) -> ToolOutput: ...
+
+
+class ToolOwner:
+    """An agent whose tools the runtime's ``tools_execute`` terminal runs (by name, from ``tools``).
+
+    A nominal base, so the runtime can recognize such an agent without importing the loop's tool-running half.
+    """
+
+    tools: dict[str, Tool]
 
 
 class LlmError(Exception):

@@ -22,8 +22,7 @@ from .._model.events import (
     LlmFailure,
     StreamChunk,
 )
-from .protocols import RUNTIME_PLUGIN_NAME, ModelAdapter, _aborted, _aclose, _as_result, _error_text
-from .tool_calls import ToolSteps
+from .protocols import RUNTIME_PLUGIN_NAME, ModelAdapter, ToolOwner, _aborted, _aclose, _as_result, _error_text
 
 if TYPE_CHECKING:
     from .._host.host import Host
@@ -74,8 +73,9 @@ class Runtime:
         signal = execution.signal
         if signal.aborted:
             return aborted_before_dispatch_result()
-        agent = execution.agent
-        tool = agent.tools.get(execution.name) if isinstance(agent, ToolSteps) else None
+        # As ``object``: a ToolOwner lacks Agent's ``session``, so mypy would call the isinstance branch unreachable.
+        agent: object = execution.agent
+        tool = agent.tools.get(execution.name) if isinstance(agent, ToolOwner) else None
         if tool is None:
             return error_result(f"unknown tool {execution.name!r}")
         try:

@@ -18,7 +18,7 @@ from .._host.boundaries import (
     aborted_result,
     error_result,
 )
-from .protocols import Tool
+from .protocols import Tool, ToolOwner
 
 if TYPE_CHECKING:
     from .._host.host import Host
@@ -39,7 +39,7 @@ class _Slot:
     committed: bool = False
 
 
-class ToolSteps:
+class ToolSteps(ToolOwner):
     """The tool-running part of :class:`~dsh.session_persistence.loop.AgentLoop` (a mixin holding no state)."""
 
     host: Host

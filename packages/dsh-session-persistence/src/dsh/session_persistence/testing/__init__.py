@@ -2,9 +2,10 @@
 log builders and a manually driven scheduler for the write-behind timers.
 
 Backend packages subclass :class:`BackendConformance` and override its ``backend_factory`` fixture (see that
-class for the optional hooks). Only :class:`BackendConformance` needs pytest (install the ``testing`` extra); it
-is imported on first use, so the scripted adapter, tools and log builders work in a plain install (the demo and
-the README example use them). Hypothesis is imported lazily, only by the property test.
+class for the optional hooks). Only the conformance kits and their rig (:class:`ConformanceRig`, :class:`Opened`,
+``BackendFactory``) need pytest (install the ``testing`` extra); they are imported on first use, so the scripted
+adapter, tools and log builders work in a plain install (the demo and the README example use them). Hypothesis
+is imported lazily, only by the property test.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ._logs import (
     turn_start,
     user_message,
 )
-from ._rig import BackendFactory, ConformanceRig, Opened
 from ._scripted import (
     ErrorResponse,
     HangResponse,
@@ -49,14 +49,18 @@ if TYPE_CHECKING:
     from ._conformance import BackendConformance
     from ._crash_kit import CrashBackend, CrashStateConformance, shim_or_skip
     from ._primitive_kit import PrimitiveFaultConformance
+    from ._rig import BackendFactory, ConformanceRig, Opened
     from ._storage_kit import StorageContractConformance
 
 
 _KIT_MODULES = {
     "BackendConformance": "_conformance",
+    "BackendFactory": "_rig",
+    "ConformanceRig": "_rig",
     "CrashBackend": "_crash_kit",
     "CrashStateConformance": "_crash_kit",
-    "LifecycleConformance": "_lifecycle_conformance",
+    "LifecycleConformance": "_conformance",
+    "Opened": "_rig",
     "PrimitiveFaultConformance": "_primitive_kit",
     "StorageContractConformance": "_storage_kit",
     "shim_or_skip": "_crash_kit",
@@ -73,7 +77,7 @@ def __getattr__(name: str) -> object:
 
     # Plain asserts in the kit get pytest's detailed failure messages; must run before any kit module is imported.
     # BackendConformance is assembled from these groups of cases.
-    groups = ("_conformance_base", "_conformance_storage", "_conformance_live", "_conformance_faults")
+    groups = ("_conformance_storage", "_conformance_live", "_conformance_faults", "_lifecycle_retention")
     modules = {*_KIT_MODULES.values(), *groups, "_conformance_writers"}
     pytest.register_assert_rewrite(*sorted(f"{__name__}.{m}" for m in modules))
     return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -20,13 +20,6 @@ from .._model.events import (
     SessionEvent,
     TurnEnd,
 )
-from ._conformance_base import (
-    _append_live,
-    _ids,
-    _KitBase,
-    _same_header,
-    _seqs,
-)
 from ._faults import FaultInjectingBackend, InjectedFault
 from ._logs import (
     WORK,
@@ -34,7 +27,17 @@ from ._logs import (
     one_turn_log,
     simple_turn,
 )
-from ._rig import NEVER_MS, ConformanceRig, Opened, backend_name_and_options
+from ._rig import (
+    NEVER_MS,
+    ConformanceRig,
+    Opened,
+    _append_live,
+    _ids,
+    _KitBase,
+    _same_header,
+    _seqs,
+    backend_name_and_options,
+)
 
 __all__ = ["_FaultAndRaceCases"]
 

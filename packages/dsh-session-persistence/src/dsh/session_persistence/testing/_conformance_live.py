@@ -18,13 +18,6 @@ from .._model.errors import (
 )
 from .._model.events import AssistantChunk, EndSeed, SessionEvent
 from .._wire.codec import encode_event, event_types
-from ._conformance_base import (
-    _append_live,
-    _KitBase,
-    _same_header,
-    _same_headers,
-    _seqs,
-)
 from ._logs import (
     WORK,
     meta,
@@ -36,7 +29,15 @@ from ._logs import (
     turn_end,
     turn_start,
 )
-from ._rig import NEVER_MS, ConformanceRig
+from ._rig import (
+    NEVER_MS,
+    ConformanceRig,
+    _append_live,
+    _KitBase,
+    _same_header,
+    _same_headers,
+    _seqs,
+)
 
 __all__ = ["_LiveCases"]
 

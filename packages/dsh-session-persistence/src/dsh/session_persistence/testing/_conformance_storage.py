@@ -32,13 +32,6 @@ from .._model.events import (
 )
 from .._model.header import SESSION_FORMAT_VERSION
 from .._wire.codec import event_types
-from ._conformance_base import (
-    _ids_of,
-    _KitBase,
-    _same_header,
-    _same_headers,
-    _seqs,
-)
 from ._faults import FaultInjectingBackend
 from ._logs import (
     WORK,
@@ -52,7 +45,14 @@ from ._logs import (
     turn_end,
     turn_start,
 )
-from ._rig import ConformanceRig
+from ._rig import (
+    ConformanceRig,
+    _ids_of,
+    _KitBase,
+    _same_header,
+    _same_headers,
+    _seqs,
+)
 
 __all__ = ["_StorageCases"]
 

@@ -1,25 +1,32 @@
-"""The conformance rig: fresh backend instances over one storage, and coordinators opened over them.
+"""The conformance rig: fresh backend instances over one storage, coordinators opened over them, and the kit's
+shared base (the fixtures and hooks a backend's test class overrides, and the helpers every group of cases uses).
 
 A new backend instance over the same storage stands for a process restart: whatever it reads is what survived.
+The base lives here, not in a module of its own over the rig, so the kit's groups of cases stand one module above
+the rig (``tools/import-graph``). This module needs pytest: ``testing`` imports it on first use only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from .._backends.protocol import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix
+import pytest
+
+from .._backends.protocol import SessionBackend, SessionSnapshot, StorageMetadata, StoredPrefix, SupportsRewrite
 from .._coordinator.service import PersistenceCoordinator
 from .._host.host import Host
-from .._host.session import SessionStore
+from .._host.session import Session, SessionStore
 from .._model.errors import SessionDisposeError
 from .._model.events import SessionEvent
-from .._model.header import SessionHeader
+from .._model.header import SessionHeader, header_to_builtins
+from .fixtures import ANYIO_BACKENDS
 
-__all__ = ["BackendFactory", "ConformanceRig", "Opened", "aclose_backend"]
+__all__ = ["BackendFactory", "ConformanceRig", "Opened", "_KitBase", "aclose_backend"]
 
 #: Builds a new backend instance over the test's one storage (a new instance = a process restart).
 BackendFactory = Callable[[], SessionBackend]
@@ -147,3 +154,84 @@ def backend_name_and_options(anyio_backend: Any) -> tuple[str, dict[str, Any]]:
         return anyio_backend, {}
     name, options = anyio_backend
     return str(name), dict(options)
+
+
+_ids = itertools.count()
+
+
+def _seqs(events: Sequence[SessionEvent]) -> list[int]:
+    return [e.seq for e in events]
+
+
+def _append_live(session: Session, events: Sequence[SessionEvent]) -> None:
+    for e in events:
+        session.append_event(e)
+
+
+def _header_key(header: SessionHeader) -> dict[str, Any]:
+    # Absent and 0 both mean "top level"; a backend may always write the depth (JSONL does, spec/jsonl.md).
+    key = header_to_builtins(header)
+    key.setdefault("delegationDepth", 0)
+    return key
+
+
+def _same_header(left: SessionHeader, right: SessionHeader) -> bool:
+    """Header equality modulo ``delegationDepth`` absent == 0."""
+    return _header_key(left) == _header_key(right)
+
+
+def _same_headers(left: Sequence[SessionHeader], right: Sequence[SessionHeader]) -> bool:
+    return [_header_key(h) for h in left] == [_header_key(h) for h in right]
+
+
+def _ids_of(headers: Sequence[Any]) -> list[str]:
+    return [h.id for h in headers]
+
+
+class _KitBase:
+    """Fixtures and hooks of :class:`~dsh.session_persistence.testing.BackendConformance` (see its doc)."""
+
+    pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]
+
+    #: ``None`` detects the optional ``rewrite`` primitive; set ``False`` to assert the unsupported error.
+    supports_truncate: ClassVar[bool | None] = None
+    #: Examples the hypothesis property test runs per async backend.
+    property_max_examples: ClassVar[int] = 25
+
+    # ------------------------------------------------------------------------------------------------------
+    # Fixtures and hooks a subclass provides or overrides
+
+    @pytest.fixture(scope="class", params=ANYIO_BACKENDS)
+    @classmethod
+    def anyio_backend(cls, request: pytest.FixtureRequest) -> Any:
+        """Every async test runs on asyncio (debug mode) and trio."""
+        return request.param
+
+    @pytest.fixture
+    def backend_factory(self) -> BackendFactory:
+        """Override: return a zero-argument callable building a new backend instance over one empty storage."""
+        pytest.fail(f"{type(self).__name__} must override the backend_factory fixture")
+
+    @pytest.fixture
+    def conformance(self, backend_factory: BackendFactory) -> ConformanceRig:
+        """The rig every kit test uses (built from ``backend_factory`` and ``plant_raw``)."""
+        return ConformanceRig(backend_factory, self.plant_raw)
+
+    async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
+        """Override: append a never-committed fragment after the stored log of ``session_id``."""
+        pytest.skip("backend cannot inject torn tails")
+
+    async def plant_raw(
+        self, backend: SessionBackend, storage: StorageMetadata, events: Sequence[SessionEvent]
+    ) -> None:
+        """Store ``storage`` and ``events`` verbatim (headers and events a reader must refuse).
+
+        The default uses the backend's own first-batch ``append_batch``; override it if the backend validates
+        what it writes, or skip.
+        """
+        await backend.append_batch(storage, list(events), False)
+
+    def _truncate_supported(self, backend: SessionBackend) -> bool:
+        if self.supports_truncate is None:
+            return isinstance(backend, SupportsRewrite)
+        return self.supports_truncate
