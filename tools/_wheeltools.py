@@ -234,7 +234,8 @@ def run_tests(venv: Path, dist: Dist, pytest_args: list[str], log: Path) -> tupl
 
 
 def print_table(rows: list[dict[str, str]], cols: tuple[str, ...]) -> None:
-    widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in cols}
+    # A list, so no rows (compat-matrix --releases-only with no release in range) leaves the header's width.
+    widths = {c: max([len(c), *(len(r.get(c, "")) for r in rows)]) for c in cols}
     print("| " + " | ".join(c.ljust(widths[c]) for c in cols) + " |")
     print("|" + "|".join("-" * (widths[c] + 2) for c in cols) + "|")
     for r in rows:

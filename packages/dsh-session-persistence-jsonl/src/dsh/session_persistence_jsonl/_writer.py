@@ -2,8 +2,7 @@
 waiting event loop's own thread-safe call.
 
 Written against anyio and the standard library only, so it could move to the core's backend face once a second
-backend needs it; it lives here because this distribution also runs on core 0.2.0 (its declared range), which
-has no such face.
+backend needs it; until then it lives with the one backend that uses it.
 
 Handing each blocking primitive to a fresh worker-thread call costs two threads sleeping and waking per step,
 for every session apart. Here a backend keeps a small set of *lanes* (a thread and its queue). A job goes to the

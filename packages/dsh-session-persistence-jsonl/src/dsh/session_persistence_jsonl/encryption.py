@@ -3,9 +3,7 @@
 ``JsonlBackend(root, encryption=provider)`` seals every batch of every session it creates with AES-256-GCM
 (``cryptography``, the ``[encryption]`` extra); see ``docs/operations.md`` ("Encrypted sessions") for the format.
 The names here are the core's shared face, :mod:`dsh.session_persistence.encryption` (one seal for every
-backend), re-exported so code written against this face keeps working. With a 0.2 core, which has no such face,
-the same providers come from this distribution's own copy (``_keys_compat``), so sealed logs still work there;
-that copy goes when this distribution's core floor reaches 0.3.
+backend), re-exported so code written against this face keeps working.
 
 A key that is not provided raises :class:`SessionKeyError`; a batch that fails authentication (wrong key, altered
 or moved bytes whose CRC was recomputed) raises :class:`SessionDecryptError`. Both name the session and the batch;
@@ -14,28 +12,16 @@ neither is ever a garbage decode or a skipped batch.
 
 from __future__ import annotations
 
-try:  # a 0.3 core: the shared face
-    from dsh.session_persistence.encryption import (
-        KEY_BYTES,
-        KEYS_ENV,
-        CallbackKeyProvider,
-        KeyProvider,
-        SessionDecryptError,
-        SessionKeyError,
-        StaticKeyProvider,
-        parse_keys,
-    )
-except ImportError:  # a 0.2 core (this distribution's declared range admits it): the same names, kept here
-    from ._keys_compat import (  # type: ignore[assignment]
-        KEY_BYTES,
-        KEYS_ENV,
-        CallbackKeyProvider,
-        KeyProvider,
-        SessionDecryptError,
-        SessionKeyError,
-        StaticKeyProvider,
-        parse_keys,
-    )
+from dsh.session_persistence.encryption import (
+    KEY_BYTES,
+    KEYS_ENV,
+    CallbackKeyProvider,
+    KeyProvider,
+    SessionDecryptError,
+    SessionKeyError,
+    StaticKeyProvider,
+    parse_keys,
+)
 
 __all__ = [
     "KEY_BYTES",

@@ -31,15 +31,10 @@ from typing import Any
 
 import msgspec
 from dsh.session_persistence.backend import SESSION_FORMAT_VERSION, SessionPersistenceCorruptionError
+from dsh.session_persistence.encryption import check_cipher_available, check_key, check_key_id, open_sealed
+from dsh.session_persistence.encryption import seal as seal_bytes
 
 from ..encryption import KeyProvider, SessionDecryptError, SessionKeyError
-
-try:  # the core's shared seal (0.3)
-    from dsh.session_persistence.encryption import check_cipher_available, check_key, check_key_id, open_sealed
-    from dsh.session_persistence.encryption import seal as seal_bytes
-except ImportError:  # a 0.2 core: this distribution's copy of it
-    from .._keys_compat import check_cipher_available, check_key, check_key_id, open_sealed
-    from .._keys_compat import seal as seal_bytes
 from .frames import Compression
 
 __all__ = [
