@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from dsh.session_persistence.encryption import (
@@ -60,3 +62,24 @@ def test_without_the_cipher_package_sealing_is_a_typed_error_naming_the_extra() 
     lines = done.stdout.splitlines()
     assert len(lines) == 2
     assert all("pip install 'dsh-session-persistence[encryption]'" in line for line in lines)
+
+
+def test_a_key_source_named_by_kind_reads_the_variable_or_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``from_source`` is what both backends' ``key_options`` hand on for ``--key-env`` / ``--key-file``."""
+    text = "k2:" + base64.b64encode(KEY).decode() + ",k1:" + base64.b64encode(bytes(KEY_BYTES)).decode()
+    monkeypatch.setenv("DSH_TEST_SOURCE_KEYS", text)
+    from_env = StaticKeyProvider.from_source("env", "DSH_TEST_SOURCE_KEYS")
+    assert (from_env.current_key_id(), from_env.key("k2"), from_env.key("k1")) == ("k2", KEY, bytes(KEY_BYTES))
+    path = tmp_path / "keys"
+    path.write_text(text)
+    path.chmod(0o600)
+    from_file = StaticKeyProvider.from_source("file", str(path))
+    assert (from_file.current_key_id(), from_file.key("k2")) == ("k2", KEY)
+    with pytest.raises(SessionKeyError, match="DSH_TEST_NOT_SET is not set"):
+        StaticKeyProvider.from_source("env", "DSH_TEST_NOT_SET")
+    with pytest.raises(SessionKeyError, match="cannot open key file"):
+        StaticKeyProvider.from_source("file", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="unknown key source kind 'vault'"):
+        StaticKeyProvider.from_source("vault", "x")

@@ -69,13 +69,9 @@ class JsonlBackend:
     @classmethod
     def key_options(cls, kind: str, name: str) -> dict[str, object]:
         """Constructor options for a key source a tool names (``dsh-sessions --key-env NAME`` / ``--key-file
-        PATH``): ``{"encryption": StaticKeyProvider.from_env(name) or .from_file(name)}``; a source without a
-        usable key raises :class:`~dsh.session_persistence_jsonl.encryption.SessionKeyError`."""
-        if kind == "env":
-            return {"encryption": StaticKeyProvider.from_env(name)}
-        if kind == "file":
-            return {"encryption": StaticKeyProvider.from_file(name)}
-        raise ValueError(f'unknown key source kind {kind!r} (expected "env" or "file")')
+        PATH``): ``{"encryption": StaticKeyProvider.from_source(kind, name)}``; a source without a usable key
+        raises :class:`~dsh.session_persistence_jsonl.encryption.SessionKeyError`."""
+        return {"encryption": StaticKeyProvider.from_source(kind, name)}
 
     def __init__(
         self,

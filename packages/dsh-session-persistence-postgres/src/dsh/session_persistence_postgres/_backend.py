@@ -167,13 +167,9 @@ class PostgresBackend:
     @classmethod
     def key_options(cls, kind: str, name: str) -> dict[str, object]:
         """Constructor options for a key source a tool names (``dsh-sessions --key-env NAME`` / ``--key-file
-        PATH``): ``{"encryption": StaticKeyProvider.from_env(name) or .from_file(name)}``; a source without a
-        usable key raises :class:`~dsh.session_persistence.encryption.SessionKeyError`."""
-        if kind == "env":
-            return {"encryption": StaticKeyProvider.from_env(name)}
-        if kind == "file":
-            return {"encryption": StaticKeyProvider.from_file(name)}
-        raise ValueError(f'unknown key source kind {kind!r} (expected "env" or "file")')
+        PATH``): ``{"encryption": StaticKeyProvider.from_source(kind, name)}``; a source without a usable key
+        raises :class:`~dsh.session_persistence.encryption.SessionKeyError`."""
+        return {"encryption": StaticKeyProvider.from_source(kind, name)}
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         # A read: a cancelled caller leaves, the thread ends on its own (bounded by the timeouts).

@@ -151,6 +151,17 @@ class StaticKeyProvider:
             raise SessionKeyError(f'key file "{name}" is not ASCII text') from exc
         return cls(*parse_keys(text, f'key file "{name}"'))
 
+    @classmethod
+    def from_source(cls, kind: str, name: str) -> StaticKeyProvider:
+        """Keys from the source a tool names: ``kind`` ``"env"`` (:meth:`from_env`: the variable ``name``) or
+        ``"file"`` (:meth:`from_file`: the path ``name``); what a backend class's ``key_options`` hands on for
+        ``dsh-sessions --key-env NAME`` / ``--key-file PATH``."""
+        if kind == "env":
+            return cls.from_env(name)
+        if kind == "file":
+            return cls.from_file(name)
+        raise ValueError(f'unknown key source kind {kind!r} (expected "env" or "file")')
+
     def current_key_id(self) -> str:
         return self._current
 
