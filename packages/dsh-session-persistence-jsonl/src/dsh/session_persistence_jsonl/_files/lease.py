@@ -33,6 +33,7 @@ Blocking code for a worker thread.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -363,73 +364,71 @@ def _acquire_guarded(dir_fd: int, session_dir: str, path: str, session_id: str) 
     anchored = _OFD_GETLK is not None and _OFD_SETLK is not None
     if anchored and _anchor_held(dir_fd):
         raise SessionLockedError(session_id, _named_holder(path)) from None
-    while True:
+    fd = _lock_file_at(path, session_id, _await_holder)
+    if fd is None:
+        return None  # the directory went after the check above (a deletion finishing): start again
+    try:
+        inode = os.fstat(fd).st_ino
+        if anchored:
+            _take_anchor(dir_fd, dir_st)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
-        except FileNotFoundError:
-            return None  # the directory went after the check above (a deletion finishing): start again
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _await_holder(fd)
-            os.close(fd)
-            raise SessionLockedError(session_id, holder) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        # The locked inode must still be the one at the path (a writer that skipped the guard, or a deletion,
-        # could have replaced it meanwhile).
-        try:
-            current = os.stat(path, follow_symlinks=False)
-            mine = os.fstat(fd)
-        except FileNotFoundError:
-            os.close(fd)
-            continue
-        if _ident(current) != _ident(mine):
-            os.close(fd)
-            continue
-        try:
+            holder = _write_holder(fd, path)
+        except BaseException:  # not an OSError (those are only logged): interrupted, give everything back
             if anchored:
-                _take_anchor(dir_fd, dir_st)
-            try:
-                holder = _write_holder(fd, path)
-            except BaseException:  # not an OSError (those are only logged): interrupted, give everything back
-                if anchored:
-                    _forget_anchor(dir_st)  # the lock itself goes with the descriptor, which the caller closes
-                raise
-        except BaseException:
-            os.close(fd)
+                _forget_anchor(dir_st)  # the lock itself goes with the descriptor, which the caller closes
             raise
-        return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None, session_id, mine.st_ino)
+    except BaseException:
+        os.close(fd)
+        raise
+    return JsonlWriterLease(fd, path, holder, dir_fd if anchored else None, session_id, inode)
 
 
 def _relock(dir_fd: int, path: str, session_id: str) -> int:
     """Under the guard, lock the file at ``path`` (created if missing) for a holder of the anchor ``dir_fd``."""
     fcntl.flock(dir_fd, fcntl.LOCK_EX)  # the guard: 0.2 writers take the file under it too
     try:
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = read_holder(fd)
-                os.close(fd)
-                raise SessionLockedError(session_id, holder) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            try:
-                if _ident(os.stat(path, follow_symlinks=False)) == _ident(os.fstat(fd)):
-                    _write_holder(fd, path)
-                    return fd
-            except FileNotFoundError:
-                pass
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)  # replaced between the open and the lock: try the new one
+        fd = _lock_file_at(path, session_id, read_holder)
+        if fd is None:  # the session directory is gone under a live lease
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        try:
+            _write_holder(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
     finally:
         fcntl.flock(dir_fd, fcntl.LOCK_UN)
+
+
+def _lock_file_at(path: str, session_id: str, name_holder: Callable[[int], str | None]) -> int | None:
+    """The lock file at ``path`` (created if missing), locked exclusively without waiting: its descriptor once the
+    locked inode is still the one at the path (a writer that skipped the guard, or a deletion, can replace it
+    between the open and the lock: then the new one is tried); ``None`` if the directory is gone;
+    :class:`SessionLockedError` naming ``name_holder(fd)`` if another writer holds it."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, _FILE_MODE)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = name_holder(fd)
+            os.close(fd)
+            raise SessionLockedError(session_id, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = _ident(os.stat(path, follow_symlinks=False)) == _ident(os.fstat(fd))
+        except FileNotFoundError:
+            same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return fd
+        os.close(fd)
 
 
 def _named_holder(path: str) -> str | None:
