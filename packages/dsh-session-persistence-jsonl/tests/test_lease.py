@@ -8,6 +8,7 @@ anchor still refuses a second instance and the probe still finds the holder from
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -116,3 +117,57 @@ async def test_the_lease_outlives_its_lock_file(tmp_path: Path) -> None:
         await again.release()
     finally:
         probe_elsewhere.close()
+
+
+class ReplaceBeforeLock:
+    """Another writer's move at the worst instant: ``session.lock`` replaced by a new file after the lease code
+    opened it and before its lock call (the real ``flock`` runs right after, on the now nameless inode)."""
+
+    def __init__(self, lock: Path) -> None:
+        self.lock, self.armed = lock, False
+        self.orphans: list[int] = []  # the inodes the lease code had opened when the replacement came
+        self._real = fcntl.flock
+
+    def __call__(self, fd: int, operation: int) -> None:
+        if (
+            self.armed
+            and operation == fcntl.LOCK_EX | fcntl.LOCK_NB
+            and os.readlink(f"/proc/self/fd/{fd}") == str(self.lock)
+        ):
+            self.armed = False
+            self.orphans.append(os.fstat(fd).st_ino)
+            self.lock.with_name("replacement").write_text("")
+            os.replace(self.lock.with_name("replacement"), self.lock)
+        self._real(fd, operation)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
+@pytest.mark.parametrize("when", ["taking the lease", "putting a deleted lock file back"])
+async def test_a_lock_file_replaced_between_open_and_lock_is_never_the_one_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The lease holds the file at the path, not the inode it opened first: a 0.2 writer, which sees only the file
+    at the path, is refused after the replacement too."""
+    root = tmp_path / "root"
+    header = meta("raced", "/w")
+    lock = Path(JsonlBackend(root).locate(header).path).parent / "session.lock"
+    replace = ReplaceBeforeLock(lock)
+    monkeypatch.setattr(fcntl, "flock", replace)
+    if when == "taking the lease":
+        lock.parent.mkdir(parents=True)
+        lock.write_text("")
+        replace.armed = True
+        lease = await JsonlBackend(root).acquire_writer_lease(header)
+    else:
+        lease = await JsonlBackend(root).acquire_writer_lease(header)
+        lock.unlink()
+        replace.armed = True
+        lease.keep()  # what every write under the lease does first
+    try:
+        assert len(replace.orphans) == 1, "the replacement happened"
+        assert lock.stat().st_ino != replace.orphans[0]
+        assert probe(lock) == "locked"  # the file at the path is the held one
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    finally:
+        await lease.release()
+    assert probe(lock) == "free"
