@@ -3,7 +3,8 @@
 Checked from outside the lease code: another open file description (a second backend instance) and another
 process (a plain ``flock`` in a subprocess) both find the file locked while a lease is held, the file names the
 holder's pid and host, and releasing (or the holder dying) frees it; with the file deleted or replaced, the
-anchor still refuses a second instance and the probe still finds the holder from another process.
+anchor still refuses a second instance and the probe still finds the holder from another process; a lock file
+replaced between the lease code's open and its lock is never the one held.
 """
 
 from __future__ import annotations
