@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import dsh.session_checkpoint_policy  # noqa: F401 - the front-door test needs a checkpoint policy installed
 import pytest
 from dsh.session_adapter_openai import OpenAIChatAdapter
 from dsh.session_adapter_openai.testing import (
@@ -248,6 +249,8 @@ async def test_reasoning_is_stored_and_not_sent_back(server: FakeChatServer) -> 
 
 
 async def test_through_the_front_door_with_options(server: FakeChatServer) -> None:
+    # The front door refuses an agent without a checkpoint policy: dsh.session_checkpoint_policy is installed (the
+    # import at the top names it, so the package and compat tools install it beside this package).
     server.add(text_reply("stored"))
     model = adapter(server, options={"temperature": 0.5}, include_usage=False)
     async with model, open_sessions(backend="memory") as sessions:

@@ -15,6 +15,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import dsh.session_persistence_jsonl  # noqa: F401 - the default backend `list` builds below: it must be installed
+
 #: Top-level modules that only a PostgreSQL backend in use needs.
 POSTGRES_ONLY = ("psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c")
 
