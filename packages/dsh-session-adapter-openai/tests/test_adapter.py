@@ -249,8 +249,6 @@ async def test_reasoning_is_stored_and_not_sent_back(server: FakeChatServer) -> 
 
 
 async def test_through_the_front_door_with_options(server: FakeChatServer) -> None:
-    # The front door refuses an agent without a checkpoint policy: dsh.session_checkpoint_policy is installed (the
-    # import at the top names it, so the package and compat tools install it beside this package).
     server.add(text_reply("stored"))
     model = adapter(server, options={"temperature": 0.5}, include_usage=False)
     async with model, open_sessions(backend="memory") as sessions:
