@@ -163,6 +163,12 @@ async def _artifact_location(stack: Stack, session_id: str) -> str | None:
     return None
 
 
+def _write_result(io: Io, session_id: str, discarded: str | None, plan: list[str], events: int | None) -> None:
+    """``repair --json``: what was discarded (already done), the plan a load committed (none: nothing repaired)."""
+    document = {"id": session_id, "discarded": discarded, "plan": plan, "repaired": bool(plan), "events": events}
+    write_json(io.out, document)
+
+
 async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Say what a cold load will commit, confirm, then load (which commits the repair)."""
     report = await examine(stack.coordinator, args.id)
@@ -187,8 +193,7 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if not plan:
         await _take_lease(stack, report)
         if args.json:
-            document = {"id": report.id, "discarded": discarded, "plan": [], "repaired": False}
-            write_json(io.out, {**document, "events": report.stored_events})
+            _write_result(io, report.id, discarded, plan, report.stored_events)
         else:
             done = "nothing more to repair" if discarded is not None else "nothing to repair"
             io.out.write(f"{done}: session {report.id} is balanced and has no torn tail\n")
@@ -207,8 +212,7 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if after.status != "ok":  # pragma: no cover - the coordinator re-reads after committing
         raise CliError(f"repair did not settle session {args.id}: now {after.status}", EXIT_DAMAGED)
     if args.json:
-        document = {"id": report.id, "discarded": discarded, "plan": plan, "repaired": True}
-        write_json(io.out, {**document, "events": len(view.events)})
+        _write_result(io, report.id, discarded, plan, len(view.events))
     else:
         io.out.write(f"repaired: session {report.id} now has {len(view.events)} events, balanced\n")
     return EXIT_OK
