@@ -147,5 +147,5 @@ def test_a_translated_code_block_fails(tree: Path) -> None:
     run(tree, "--write", "README.md")  # the hashes are current: only the code-block rule can fail
     result = run(tree)
     assert result.returncode == 1
-    # block 4: the first run_turn block, after the install, demo and run-tests commands
-    assert "README.zh.md: code block 4 differs from the one in README.md" in result.stderr
+    # block 5: the first run_turn block, after the install, from-a-clone install, demo and run-tests commands
+    assert "README.zh.md: code block 5 differs from the one in README.md" in result.stderr

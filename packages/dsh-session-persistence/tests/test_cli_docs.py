@@ -5,6 +5,7 @@ commands exist and are executable.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -197,3 +198,29 @@ def test_readme_continue_after_crash_example_crashes_reconciles_and_continues(tm
     assert shown.returncode == 0, shown.stderr
     assert "reconciled pay [c1]: happened" in shown.stdout
     assert "(continues interrupted turn 1: no new user message)" in shown.stdout
+
+
+def test_readme_encrypted_example_seals_what_it_stores(tmp_path: Path) -> None:
+    block = python_block(README, "<!-- example: encrypted -->")
+    assert "open_sessions(root, encryption=keys)" in block and "session_persistence._" not in block
+    script = tmp_path / "encrypted_example.py"
+    script.write_text(block, encoding="utf-8")
+    root = tmp_path / "sessions"
+    env = {k: v for k, v in os.environ.items() if k != "DSH_SESSIONS_ROOT"}
+    env["DSH_SESSION_KEYS"] = "k1:" + base64.b64encode(bytes(range(32))).decode()
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, env=env
+        )
+
+    made = run(str(script), str(root))
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.strip() == "sealed"
+    stored = [p.read_bytes() for p in root.rglob("session.jsonl*")]
+    assert len(stored) == 1 and b"4111" not in stored[0]  # the message is sealed at rest
+    cli = ["-m", "dsh.session_persistence", "--root", str(root)]
+    assert run(*cli, "list").returncode == 0  # headers stay plaintext
+    assert run(*cli, "show", "secret").returncode == 7  # the events need the key
+    shown = run(*cli, "--key-env", "DSH_SESSION_KEYS", "show", "secret")
+    assert shown.returncode == 0 and "4111 1111 1111 1111" in shown.stdout, shown.stderr

@@ -236,7 +236,9 @@ class JsonlBackend:
     async def compact(self, storage: StorageMetadata, events: Sequence[SessionEvent], expected_revision: str) -> None:
         """Atomically replace the transcript with the header and one declared batch, keeping its mtime.
 
-        The result is always the current (v1) format; a session larger than ``max_batch_bytes`` is refused
+        The result is log format v1 from a backend without a key provider and v2 (sealed under the current key)
+        from one with it: a sealed log stays v2 (it cannot be read without the keys anyway), and a plaintext or v0
+        log compacted by a keyed backend is sealed. A session larger than ``max_batch_bytes`` is refused
         (``BatchTooLargeError``) with nothing written.
         """
         await self._writes.compact(storage, events, expected_revision)

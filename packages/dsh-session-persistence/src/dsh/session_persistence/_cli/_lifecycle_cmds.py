@@ -3,18 +3,29 @@
 Each one checks everything it can before it changes anything: ``rm a b`` with an unknown ``b`` deletes nothing,
 ``prune`` with a nonsense duration touches nothing, and deletions carry the revision seen when they were chosen,
 so a session written to in between is skipped instead of deleted. Without a terminal ``rm`` needs ``--yes`` and
-``prune`` only reports (a dry run) unless given ``--yes``.
+``prune`` only reports (a dry run) unless given ``--yes``. ``compact`` and ``re-encrypt`` take one id, several, or
+``--all`` (rotating a store's key is one command): with more than one session each is rewritten on its own, one
+that cannot be (live, needing repair, damaged, no key) is reported and skipped, and the exit code says so.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from .._backends.listing import SessionListing
-from .._model.errors import SessionChangedError, SessionLiveError, SessionLockedError, SessionNotFoundError
+from .._model.errors import (
+    SessionChangedError,
+    SessionDecryptError,
+    SessionKeyError,
+    SessionLiveError,
+    SessionLockedError,
+    SessionNotFoundError,
+    SessionPersistenceError,
+)
 from ._context import Stack
-from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CliError
+from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_KEY, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CliError
 from ._examine import file_stat
 from ._io import Io
 from ._output import Progress, human_size, iso_time, local_time, write_json
@@ -147,39 +158,114 @@ def _show(io: Io, rows: list[SessionListing], verb: str) -> None:
 
 
 async def cmd_compact(args: argparse.Namespace, stack: Stack, io: Io) -> int:
-    """Rewrite a closed session's log as one batch (same events), atomically."""
-    return await _compact(args, stack, io, "compacted", "")
+    """Rewrite closed sessions' logs as one batch each (same events), atomically: one ``ID``, several, or ``--all``."""
+    return await _rewrite(args, stack, io, _Verb("compact", "compacted", "compacting", ""))
 
 
 async def cmd_reencrypt(args: argparse.Namespace, stack: Stack, io: Io) -> int:
-    """Re-seal a closed session under the current key: compaction by a backend given keys (the rewritten log is
+    """Re-seal closed sessions under the current key: compaction by a backend given keys (the rewritten log is
     written as a new encrypted log, every event sealed under the provider's current key), atomically, under the
-    writer lease. A plaintext session is encrypted. Without keys it is refused: it would write plaintext."""
+    writer lease. A plaintext session is encrypted. Without keys it is refused: it would write plaintext.
+    ``--all`` rotates a whole store's key in one command."""
     if not stack.keyed:
         raise CliError(
             "re-encrypt needs the keys: --key-env NAME or --key-file PATH (the first key is the one it seals under); "
             "nothing was written",
             EXIT_USAGE,
         )
-    return await _compact(args, stack, io, "re-encrypted", " under the current key")
+    verb = _Verb("re-encrypt", "re-encrypted", "re-encrypting", " under the current key")
+    return await _rewrite(args, stack, io, verb)
 
 
-async def _compact(args: argparse.Namespace, stack: Stack, io: Io, verb: str, how: str) -> int:
-    revision = await stack.backend.read_stored_revision(args.id)
+@dataclass(frozen=True)
+class _Verb:
+    command: str
+    done: str
+    doing: str
+    how: str
+
+
+async def _rewrite(args: argparse.Namespace, stack: Stack, io: Io, verb: _Verb) -> int:
+    ids: list[str] = list(dict.fromkeys(args.ids))
+    if args.all == bool(ids):
+        raise CliError(f"{verb.command} takes session ids or --all (one of the two)", EXIT_USAGE)
+    if len(ids) == 1:  # one session: its own errors, as before --all existed
+        return await _rewrite_one(args.json, ids[0], stack, io, verb)
+    if args.all:
+        ids = [header.id for header in await stack.coordinator.list()]
+    else:  # every named id must exist before anything is rewritten, as for rm
+        for session_id in ids:
+            if await stack.backend.read_stored_revision(session_id) is None:
+                raise CliError(f'session "{session_id}" not found; nothing was rewritten', EXIT_NOT_FOUND)
+    return await _rewrite_many(args.json, ids, stack, io, verb)
+
+
+async def _rewrite_many(as_json: bool, ids: list[str], stack: Stack, io: Io, verb: _Verb) -> int:
+    """Each session in turn; a session that cannot be rewritten (live, needing repair, damaged, no key) is reported
+    and skipped, and the exit code says the run was incomplete (7 when only keys were missing, else 1)."""
+    done: list[dict[str, Any]] = []
+    skipped: list[tuple[str, str, bool]] = []  # (id, reason, a key problem)
+    progress = Progress(io.err, f"{verb.doing} sessions", len(ids))
+    try:
+        for count, session_id in enumerate(ids, 1):
+            try:
+                result = await _rewrite_session(session_id, stack)
+            except (SessionKeyError, SessionDecryptError) as exc:
+                skipped.append((session_id, str(exc), True))
+                line = f"skipped {session_id}: {exc}"
+            except SessionPersistenceError as exc:
+                skipped.append((session_id, str(exc), False))
+                line = f"skipped {session_id}: {exc}"
+            else:
+                done.append(result)
+                line = _done_line(result, verb)
+            if not as_json:
+                progress.done()  # the result line replaces the indicator; the next update redraws it
+                io.out.write(line + "\n")
+                io.out.flush()
+            progress.update(count)
+    finally:
+        progress.done()
+    if as_json:
+        write_json(
+            io.out,
+            {
+                "root": stack.root,
+                "backend": stack.backend_name,
+                "rewritten": done,
+                "skipped": [{"id": sid, "reason": reason} for sid, reason, _key in skipped],
+            },
+        )
+    else:
+        io.out.write(f"{verb.command}: {len(done)} {verb.done}, {len(skipped)} skipped\n")
+    if not skipped:
+        return EXIT_OK
+    return EXIT_KEY if all(key for _sid, _reason, key in skipped) else EXIT_DAMAGED
+
+
+async def _rewrite_one(as_json: bool, session_id: str, stack: Stack, io: Io, verb: _Verb) -> int:
+    result = await _rewrite_session(session_id, stack)
+    if as_json:
+        write_json(io.out, result)
+    else:
+        io.out.write(_done_line(result, verb) + "\n")
+    return EXIT_OK
+
+
+async def _rewrite_session(session_id: str, stack: Stack) -> dict[str, Any]:
+    revision = await stack.backend.read_stored_revision(session_id)
     if revision is None:
-        raise SessionNotFoundError(args.id)
-    stored = await stack.backend.load_stored(args.id)
+        raise SessionNotFoundError(session_id)
+    stored = await stack.backend.load_stored(session_id)
     located = None if stored is None else stack.coordinator.locate(stored.meta)
     location = None if located is None else located.path
     before, _ = file_stat(location)
-    result = await stack.coordinator.compact(args.id)
+    result = await stack.coordinator.compact(session_id)
     after, _ = file_stat(location)
-    if args.json:
-        write_json(
-            io.out,
-            {"id": result.session_id, "events": result.event_count, "bytesBefore": before, "bytesAfter": after},
-        )
-        return EXIT_OK
+    return {"id": result.session_id, "events": result.event_count, "bytesBefore": before, "bytesAfter": after}
+
+
+def _done_line(result: dict[str, Any], verb: _Verb) -> str:
+    before, after = result["bytesBefore"], result["bytesAfter"]
     sizes = f", {human_size(before)} -> {human_size(after)}" if before is not None else ""
-    io.out.write(f"{verb} {result.session_id}: {result.event_count} events in one batch{how}{sizes}\n")
-    return EXIT_OK
+    return f"{verb.done} {result['id']}: {result['events']} events in one batch{verb.how}{sizes}"

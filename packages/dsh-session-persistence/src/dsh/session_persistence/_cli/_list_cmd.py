@@ -204,8 +204,9 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         summary = session_summary(report)
         header = report.header
         cwd = header.cwd if header is not None and isinstance(header.cwd, str) else "-"
-        stored = report.stored_events
-        events = "?" if stored is None or summary["chunks"] is None else str(stored - summary["chunks"])
+        # The number --json gives as "events" (and verify and compact print): every stored event, streamed chunks
+        # included (--json's "chunks" says how many of them are chunks).
+        events = "?" if report.stored_events is None else str(report.stored_events)
         turns = "?" if summary["turns"] is None else str(summary["turns"])
         table_rows.append(
             [

@@ -39,6 +39,7 @@ from ._json_errors import error_code, wants_json, write_error_json
 from ._lifecycle_cmds import cmd_compact, cmd_prune, cmd_reencrypt, cmd_rm
 from ._list_cmd import cmd_list
 from ._verify import cmd_repair, cmd_verify
+from ._version import write_version
 
 if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
     from exceptiongroup import BaseExceptionGroup
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(parser, top=True)
+    parser.add_argument(
+        "--version", action="store_true", help="print the core's version and every installed dsh-* distribution's"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -144,12 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--keep-last", type=int, default=None, metavar="N", help="always keep the N most recent")
     prune.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     prune.add_argument("-y", "--yes", action="store_true", help="delete without asking")
-    command("compact", "rewrite a closed session's log as one batch (same events)").add_argument(
-        "id", type=_session_id, help="session id"
-    )
-    command(
-        "re-encrypt", "re-seal a closed session under the current key (as compact: one batch, atomically)"
-    ).add_argument("id", type=_session_id, help="session id")
+    for name, help_text in (
+        ("compact", "rewrite closed sessions' logs as one batch each (same events)"),
+        ("re-encrypt", "re-seal closed sessions under the current key (as compact: one batch each, atomically)"),
+    ):
+        rewrite = command(name, help_text)
+        rewrite.add_argument("ids", nargs="*", metavar="ID", type=_session_id, help="session id")
+        rewrite.add_argument("--all", action="store_true", help="every readable session of the store")
     command("stats", "counts, bytes and compression ratio")
     command("plugins", "loaded dsh.session plugins, their distributions and hooks")
     demo = command("demo", "run a scripted agent, SIGKILL it mid-tool, resume it and show the repaired transcript")
@@ -259,8 +264,11 @@ def run(argv: list[str] | None, io: Io) -> int:
         parser = build_parser()
         try:
             args = parser.parse_args(argv)
-        except SystemExit as exc:  # --help / --version
+        except SystemExit as exc:  # --help
             return exc.code if isinstance(exc.code, int) else EXIT_OK
+        if args.version:
+            write_version(io, as_json=bool(args.json))
+            return EXIT_OK
         if args.command is None:
             parser.print_help(io.err)
             return EXIT_USAGE

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections import Counter
 
+from .._backends.protocol import SupportsArtifactScan
 from .._coordinator.service import core_of
 from .._model.errors import SessionLockedError
 from ._context import Stack
-from ._discard import discard_damaged_tail
+from ._discard import DiscardsDamagedTail, discard_damaged_tail
 from ._errors import EXIT_DAMAGED, EXIT_DECLINED, EXIT_KEY, EXIT_OK, EXIT_USAGE, CliError
-from ._examine import KEY_STATUSES, SessionReport, closer_plan, examine, report_json, verify_walk
+from ._examine import KEY_STATUSES, SessionReport, closer_plan, examine, file_stat, report_json, verify_walk
 from ._io import Io
 from ._output import write_json
 from ._transcript import resume_facts, resume_lines
@@ -118,11 +120,63 @@ async def _take_lease(stack: Stack, report: SessionReport) -> None:
         raise CliError(f"cannot repair: {exc}; stop that writer first (nothing was written)", EXIT_DAMAGED) from exc
 
 
+async def _empty_transcript(stack: Stack, report: SessionReport) -> str | None:
+    """The path of the session's transcript when it is empty (0 bytes: nothing in it was ever acknowledged)."""
+    location = report.location or await _artifact_location(stack, report.id)
+    size, _ = file_stat(location)
+    return location if size == 0 else None
+
+
+def _rm_hint(session_id: str, location: str) -> str:
+    return (
+        f"the transcript {location} is empty: it holds no event to repair or keep; delete it with "
+        f"`dsh-sessions rm {session_id}` (or `rm {shlex.quote(location)}`)"
+    )
+
+
+async def _refusal_hint(stack: Stack, report: SessionReport) -> str:
+    """The next step for a session repair refuses, only one that works: ``rm`` for an empty transcript,
+    ``--discard-damaged-tail`` only when the backend finds a damaged final batch to cut."""
+    empty = await _empty_transcript(stack, report)
+    if empty is not None:
+        return "; " + _rm_hint(report.id, empty)
+    if report.status == "corrupt" and isinstance(stack.backend, DiscardsDamagedTail):
+        try:
+            tail = await stack.backend.find_damaged_tail(report.id)  # read-only
+        except Exception:  # the damage is not confined to the final batch: no step cuts it
+            tail = None
+        if tail is not None:
+            return (
+                f"; only its final batch is damaged: `dsh-sessions repair --discard-damaged-tail {report.id}` "
+                "discards it after showing what is lost"
+            )
+    return ""
+
+
+async def _artifact_location(stack: Stack, session_id: str) -> str | None:
+    """Where an unreadable session is stored (its header cannot say), when the backend can enumerate artifacts."""
+    if not isinstance(stack.backend, SupportsArtifactScan):
+        return None
+    for artifact in await stack.backend.list_artifacts():
+        if artifact.session_id == session_id:
+            return artifact.location
+    return None
+
+
+def _write_result(io: Io, session_id: str, discarded: str | None, plan: list[str], events: int | None) -> None:
+    """``repair --json``: what was discarded (already done), the plan a load committed (none: nothing repaired)."""
+    document = {"id": session_id, "discarded": discarded, "plan": plan, "repaired": bool(plan), "events": events}
+    write_json(io.out, document)
+
+
 async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """Say what a cold load will commit, confirm, then load (which commits the repair)."""
     report = await examine(stack.coordinator, args.id)
     discarded = None
     if not report.recoverable and getattr(args, "discard_damaged_tail", False) and report.status == "corrupt":
+        empty = await _empty_transcript(stack, report)
+        if empty is not None:  # no batch to discard: say what works instead
+            raise CliError(f"cannot discard: {_rm_hint(report.id, empty)} (nothing was written)", EXIT_DAMAGED)
         discarded = await discard_damaged_tail(
             stack.backend, io, args.id, backend_name=stack.backend_name, yes=args.yes, json=args.json, confirm=_confirm
         )
@@ -132,22 +186,21 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if not report.recoverable:
         raise CliError(
             f"cannot repair: {report.message} (crash repair only closes interrupted turns and cuts torn tails; "
-            "damaged committed data is never rewritten; if only the final batch is damaged, "
-            f"`dsh-sessions repair --discard-damaged-tail {report.id}` discards it after showing what is lost)",
+            f"damaged committed data is never rewritten{await _refusal_hint(stack, report)})",
             EXIT_DAMAGED,
         )
     plan = closer_plan(report)
-    if discarded is not None:
-        plan.insert(0, f"discarded {discarded}")
     if not plan:
         await _take_lease(stack, report)
         if args.json:
-            write_json(io.out, {"id": report.id, "plan": [], "repaired": False, "events": report.stored_events})
+            _write_result(io, report.id, discarded, plan, report.stored_events)
         else:
-            io.out.write(f"nothing to repair: session {report.id} is balanced and has no torn tail\n")
+            done = "nothing more to repair" if discarded is not None else "nothing to repair"
+            io.out.write(f"{done}: session {report.id} is balanced and has no torn tail\n")
         return EXIT_OK
     if not args.json:
-        io.out.write(f"session {report.id}: a cold load will\n")
+        # What is already done (a discarded tail, printed by that step) is not part of what the load will do.
+        io.out.write(f"session {report.id}: a cold load will:\n")
         for line in plan:
             io.out.write(f"  - {line}\n")
         io.out.flush()
@@ -159,7 +212,7 @@ async def cmd_repair(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     if after.status != "ok":  # pragma: no cover - the coordinator re-reads after committing
         raise CliError(f"repair did not settle session {args.id}: now {after.status}", EXIT_DAMAGED)
     if args.json:
-        write_json(io.out, {"id": report.id, "plan": plan, "repaired": True, "events": len(view.events)})
+        _write_result(io, report.id, discarded, plan, len(view.events))
     else:
         io.out.write(f"repaired: session {report.id} now has {len(view.events)} events, balanced\n")
     return EXIT_OK
