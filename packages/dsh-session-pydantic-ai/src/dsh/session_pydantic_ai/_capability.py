@@ -163,9 +163,7 @@ class DshDurability(AbstractCapability[Any]):
         await self.sessions.store.flush(recorder.live)
         return request_context
 
-    async def before_tool_execute(
-        self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: Any, args: Any
-    ) -> Any:
+    async def before_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart, tool_def: Any, args: Any) -> Any:
         recorder = await self._open()
         recorder.sync(ctx.messages)
         recorder.start_call(call.tool_call_id)

@@ -84,7 +84,9 @@ def unknown_calls(events: Sequence[Any]) -> list[UnknownCall]:
             seqs = event.source_event_seqs
             call = calls.get(seqs[0]) if isinstance(seqs, tuple) and seqs else None
             if call is not None:
-                found[call.data.call_id] = UnknownCall(call.data.call_id, call.data.name, call.data.arguments, event.seq)
+                found[call.data.call_id] = UnknownCall(
+                    call.data.call_id, call.data.name, call.data.arguments, event.seq
+                )
         elif type(event) is ToolReconcile and event.data.outcome != "unknown":
             entry = found.get(event.data.call_id)
             if entry is not None and entry.result_seq == event.data.result_seq:

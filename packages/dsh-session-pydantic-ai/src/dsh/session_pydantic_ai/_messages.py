@@ -1,8 +1,10 @@
 """pydantic-ai messages as dsh event payloads, and the dsh content blocks that say the same to dsh readers.
 
-Each pydantic-ai message is kept whole, in pydantic-ai's own JSON form (``ModelMessagesTypeAdapter``, the form its
-docs give for storing history), so every part and field round-trips exactly. The first-class dsh blocks beside it
-(text, reasoning, tool calls) are what ``dsh-sessions show`` prints; they are never read back into a message.
+Each pydantic-ai message is kept whole, as the text of pydantic-ai's own JSON (``ModelMessagesTypeAdapter``, the form
+its docs give for storing history), so every part and field round-trips byte for byte: kept as text, not as a JSON
+object, because a model's arguments may hold values (a negative zero) that dsh's lossless JSON check refuses. The
+first-class dsh blocks beside it (text, reasoning, tool calls) are what ``dsh-sessions show`` prints; they are never
+read back into a message.
 """
 
 from __future__ import annotations
@@ -23,19 +25,19 @@ from pydantic_ai.messages import (
 
 __all__ = ["MESSAGE_EVENT", "answered_ids", "call_arguments", "from_json", "response_blocks", "to_json", "user_text"]
 
-#: The ignorable event holding one pydantic-ai message verbatim (``{"message": <its JSON>}``).
+#: The ignorable event holding one pydantic-ai message verbatim: ``{"json": "[<the message>]"}``, the text
+#: ``ModelMessagesTypeAdapter.dump_json([message])`` gives.
 MESSAGE_EVENT = "pydantic-ai/message"
 
 
-def to_json(message: ModelMessage) -> dict[str, Any]:
-    """One message in pydantic-ai's JSON form (plain dicts, lists, strings, numbers)."""
-    data: dict[str, Any] = ModelMessagesTypeAdapter.dump_python([message], mode="json")[0]
-    return data
+def to_json(message: ModelMessage) -> str:
+    """One message as pydantic-ai's own JSON text (a one-message history)."""
+    return ModelMessagesTypeAdapter.dump_json([message]).decode()
 
 
-def from_json(data: Any) -> ModelMessage:
-    """The message :func:`to_json` gave ``data`` for."""
-    message: ModelMessage = ModelMessagesTypeAdapter.validate_python([data])[0]
+def from_json(text: str) -> ModelMessage:
+    """The message :func:`to_json` gave ``text`` for."""
+    message: ModelMessage = ModelMessagesTypeAdapter.validate_json(text)[0]
     return message
 
 
@@ -76,7 +78,9 @@ def response_blocks(response: ModelResponse) -> tuple[list[dict[str, Any]], list
                 blocks.append({"type": "reasoning", "text": part.content})
         elif isinstance(part, ToolCallPart):
             arguments = call_arguments(part)
-            blocks.append({"type": "tool-call", "id": part.tool_call_id, "name": part.tool_name, "arguments": arguments})
+            blocks.append(
+                {"type": "tool-call", "id": part.tool_call_id, "name": part.tool_name, "arguments": arguments}
+            )
             calls.append(part)
     return blocks, calls
 

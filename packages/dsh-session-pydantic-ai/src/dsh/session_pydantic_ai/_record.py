@@ -3,7 +3,7 @@
 One agent run is one dsh turn and each model request one step of it::
 
     turn/start, (turn/continue)?, step/start,
-      user/message (a user prompt), pydantic-ai/message (the request),
+      user/message (a user prompt), pydantic-ai/message (the request, verbatim),
       assistant/message (text, reasoning, tool-call blocks), pydantic-ai/message (the response),
       (tool/call, written when its body is about to run)...,
     (tool/result per answered call), step/end, step/start, pydantic-ai/message (the next request), ...
@@ -22,7 +22,14 @@ from typing import Any
 
 from dsh.session_persistence import Session
 from dsh.session_persistence.events import InterruptedReason, OpaqueEvent, TurnEnd, TurnStart
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, RetryPromptPart, ToolReturnPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 
 from ._errors import HistoryMismatchError
 from ._messages import MESSAGE_EVENT, call_arguments, response_blocks, to_json, user_text
@@ -43,9 +50,9 @@ class _Call:
     seq: int | None = None  # its tool/call event, once the body was about to run
 
 
-def stored_messages(events: Sequence[Any]) -> list[dict[str, Any]]:
-    """The JSON of every pydantic-ai message stored in ``events``, in order."""
-    return [event.data["message"] for event in events if type(event) is OpaqueEvent and event.type == MESSAGE_EVENT]
+def stored_messages(events: Sequence[Any]) -> list[str]:
+    """The JSON text of every pydantic-ai message stored in ``events``, in order."""
+    return [event.data["json"] for event in events if type(event) is OpaqueEvent and event.type == MESSAGE_EVENT]
 
 
 class Recorder:
@@ -182,9 +189,15 @@ class Recorder:
         call = self.calls.pop(call_id)
         if call.seq is None:  # never ran through a tool body (an output tool, an unknown tool): recorded now
             call.seq = self._append_call(call_id, call)
-        failed = isinstance(part, RetryPromptPart)
-        text = part.model_response() if failed else part.model_response_str()
-        block: dict[str, Any] = {"type": "tool-result", "toolCallId": call_id, "content": [{"type": "text", "text": text}]}
+        if isinstance(part, RetryPromptPart):
+            failed, text = True, part.model_response()
+        else:  # pydantic-ai 2.x says how a call ended in the return's outcome (a retry is one)
+            failed, text = getattr(part, "outcome", "success") != "success", part.model_response_str()
+        block: dict[str, Any] = {
+            "type": "tool-result",
+            "toolCallId": call_id,
+            "content": [{"type": "text", "text": text}],
+        }
         if failed:
             block["isError"] = True
         message = {
@@ -198,6 +211,6 @@ class Recorder:
         )
 
     def _verbatim(self, message: ModelMessage) -> None:
-        data = to_json(message)
-        self.live.append(MESSAGE_EVENT, {"message": data}, ignorable=True)
-        self.stored.append(data)
+        text = to_json(message)
+        self.live.append(MESSAGE_EVENT, {"json": text}, ignorable=True)
+        self.stored.append(text)
