@@ -1,11 +1,13 @@
 """pydantic-ai under a real SIGKILL mid-tool, after the tool's side effect: with ``DshDurability`` the resumed
 process continues the cut run, the side effect stays at one and the model's next request carries the honest
-result; on bare pydantic-ai (history saved after each run, as its docs show) the same program repeats the effect."""
+result; on bare pydantic-ai (history saved after each run, as its docs show) the same program repeats the effect.
+The README's own program goes through the same kill."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -17,7 +19,16 @@ from dsh.session_persistence.loop import TOOL_RECONCILED_HAPPENED_TEXT
 from dsh.session_persistence.repair import TOOL_OUTCOME_UNKNOWN_TEXT
 
 CHILD = Path(__file__).resolve().parent / "pydantic_ai_child.py"
+README = Path(__file__).resolve().parents[1] / "packages" / "dsh-session-pydantic-ai" / "README.md"
 SENT = "sent to bob@example.com"
+# The README program's tool body, given a side effect the test can count and, in the first process, a wait for the kill.
+SIDE_EFFECT = """\
+    import os
+    with open(os.environ["LEDGER"], "a", encoding="utf-8") as out:
+        out.write(f"sent to {to}\\n")
+    if os.environ.get("CRASH"):
+        print("ready", flush=True)
+        await anyio.sleep_forever()"""
 
 
 def run_child(mode: str, root: Path, ledger: Path) -> subprocess.Popen[str]:
@@ -29,9 +40,8 @@ def run_child(mode: str, root: Path, ledger: Path) -> subprocess.Popen[str]:
     )
 
 
-def crash(mode: str, root: Path, ledger: Path) -> None:
-    """Start ``mode``, wait until the tool body ran its side effect and blocks, then SIGKILL the process."""
-    child = run_child(mode, root, ledger)
+def kill_when_ready(child: subprocess.Popen[str]) -> None:
+    """Wait until the child's tool body ran its side effect and blocks, then SIGKILL it."""
     try:
         assert child.stdout is not None
         ready, _, _ = select.select([child.stdout], [], [], 120)
@@ -42,6 +52,10 @@ def crash(mode: str, root: Path, ledger: Path) -> None:
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=60)
     assert child.returncode == -signal.SIGKILL
+
+
+def crash(mode: str, root: Path, ledger: Path) -> None:
+    kill_when_ready(run_child(mode, root, ledger))
     assert ledger.read_text(encoding="utf-8").splitlines() == [SENT]
 
 
@@ -98,3 +112,30 @@ def test_bare_pydantic_ai_repeats_the_side_effect_after_the_same_crash(tmp_path:
     (part,) = report["request"]
     assert part["part_kind"] == "tool-return"
     assert part["content"] == SENT  # the model is told the second send worked, nothing of the first
+
+
+def test_the_readme_program_survives_sigkill_mid_tool(tmp_path: Path) -> None:
+    text = README.read_text(encoding="utf-8")
+    match = re.search(r"^```python\n(.*?)^```$", text[text.index("<!-- example: durable-agent -->") :], re.M | re.S)
+    assert match is not None
+    assert "    ...  # the side effect" in match.group(1)
+    script = tmp_path / "durable_agent.py"
+    script.write_text(match.group(1).replace("    ...  # the side effect", SIDE_EFFECT), encoding="utf-8")
+    ledger, root = tmp_path / "ledger.txt", str(tmp_path / "sessions")
+    env = {**os.environ, "LEDGER": str(ledger)}
+    first = subprocess.Popen(
+        [sys.executable, str(script), root],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "CRASH": "1"},
+    )
+    kill_when_ready(first)
+    assert ledger.read_text(encoding="utf-8").splitlines() == ["sent to a"]
+    second = subprocess.run(
+        [sys.executable, str(script), root], capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+    assert second.returncode == 0, second.stderr
+    # TestModel answers with the tool returns it was handed: the honest one, and the email went out once.
+    assert json.loads(second.stdout) == {"send_email": TOOL_OUTCOME_UNKNOWN_TEXT}
+    assert ledger.read_text(encoding="utf-8").splitlines() == ["sent to a"]

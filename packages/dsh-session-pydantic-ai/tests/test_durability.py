@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -29,7 +30,8 @@ from dsh.session_pydantic_ai import (
     NotDurableWarning,
     RunOverlapError,
 )
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -38,6 +40,7 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
     ToolReturnPart,
+    UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -245,3 +248,37 @@ async def test_overlapping_runs_and_use_after_close_are_refused() -> None:
         await durability.aclose()
         with pytest.raises(DurabilityClosedError):
             await durability.history()
+
+
+@dataclass
+class KeepLast(AbstractCapability[Any]):
+    """Compacts the run's history to its newest message before every model request after the first."""
+
+    requests: int = 0
+
+    async def before_model_request(self, ctx: RunContext[Any], request_context: Any) -> Any:
+        self.requests += 1
+        if self.requests > 1:
+            del ctx.messages[:-1]
+        return request_context
+
+
+async def test_a_history_rewritten_during_the_run_is_refused_not_recorded() -> None:
+    shared = MemoryStore()
+    async with open_sessions(backend=MemoryBackend(shared)) as sessions, DshDurability(sessions, "s") as durability:
+        agent = Agent(mailer([]), capabilities=[durability, KeepLast()])
+        agent.tool_plain(lambda to: "sent", name="send")
+        refused: list[HistoryMismatchError] = []
+        try:
+            result = await agent.run("Email Bob.", message_history=await durability.history())
+        except HistoryMismatchError as exc:
+            refused.append(exc)
+        history = await durability.history()
+    if refused:
+        assert "rewritten after it began" in str(refused[0])
+        # What was stored stays as it was (the first request and the response that asked for the call lead it);
+        # nothing of the rewritten tail.
+        assert [type(m).__name__ for m in history][:2] == ["ModelRequest", "ModelResponse"]
+        assert isinstance(history[0].parts[0], UserPromptPart)
+    else:  # pydantic-ai before 2.x hands before_model_request a copy: nothing was rewritten
+        assert json_of(history) == json_of(result.all_messages())

@@ -73,6 +73,9 @@ class Recorder:
         self.step = 0
         self.responded = False  # the open step holds its model response
         self.calls: dict[str, _Call] = {}  # the open step's calls that no request answered yet
+        # The run's message the last stored one is: a history whose message at that place is another object was
+        # rewritten (compacted, truncated) after the run began, and recording its tail would fork the log.
+        self.anchor: ModelMessage | None = None
 
     # ---------------------------------------------------------------------------------------------
     # The history a run brings
@@ -87,15 +90,23 @@ class Recorder:
                 f'session "{self.live.id}" holds {len(stored)} pydantic-ai message(s) that this run\'s history does '
                 "not start with: pass message_history=await durability.history()"
             )
+        self.anchor = history[len(stored) - 1] if stored else None
 
     def sync(self, messages: Sequence[ModelMessage]) -> bool:
         """Record the messages of ``messages`` past the stored ones; ``True`` when anything was appended."""
-        new = messages[len(self.stored) :]
+        count = len(self.stored)
+        if count and (len(messages) < count or messages[count - 1] is not self.anchor):
+            raise HistoryMismatchError(
+                f'session "{self.live.id}": the run\'s history was rewritten after it began (compacted or cut); '
+                "the stored history is kept as it was"
+            )
+        new = messages[count:]
         for message in new:
             if isinstance(message, ModelResponse):
                 self._response(message)
             else:
                 self._request(message)
+            self.anchor = message
         return bool(new)
 
     # ---------------------------------------------------------------------------------------------
