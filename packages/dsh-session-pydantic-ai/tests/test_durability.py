@@ -22,7 +22,7 @@ from dsh.session_persistence import (
 )
 from dsh.session_persistence.events import OpaqueEvent, ToolCall, ToolReconcile, ToolResult, TurnEnd
 from dsh.session_persistence.loop import TOOL_RECONCILED_NOT_HAPPENED_TEXT, Reconciliation
-from dsh.session_persistence.repair import TOOL_OUTCOME_UNKNOWN_TEXT
+from dsh.session_persistence.repair import TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN_TEXT
 from dsh.session_pydantic_ai import (
     DshDurability,
     DurabilityClosedError,
@@ -157,6 +157,36 @@ async def test_a_run_cut_mid_tool_continues_with_the_honest_result_and_no_second
     ends = [type(e.data.reason).__name__ for e in events if type(e) is TurnEnd]
     assert ends == ["InterruptedReason", "CompletedReason"]
     assert any(e.type == "turn/continue" for e in events)
+
+
+async def test_a_call_whose_body_never_started_is_answered_not_started() -> None:
+    # Two calls run one after the other (a sequential tool); the run is cut inside the first body: the first may have
+    # taken effect, the second certainly did not, and the model is told each.
+    shared = MemoryStore()
+    started = anyio.Event()
+
+    def reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(
+            parts=[
+                ToolCallPart("send", {"to": "bob"}, tool_call_id="c1"),
+                ToolCallPart("send", {"to": "al"}, tool_call_id="c2"),
+            ]
+        )
+
+    async def send(to: str) -> str:
+        started.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async with open_sessions(backend=MemoryBackend(shared)) as sessions, DshDurability(sessions, "s") as durability:
+        agent = Agent(FunctionModel(reply), capabilities=[durability])
+        agent.tool_plain(send, sequential=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.run, "Email Bob and Al.")
+            await started.wait()
+            tg.cancel_scope.cancel()
+        answers = {p.tool_call_id: p.content for p in (await durability.history())[-1].parts}
+    assert answers == {"c1": TOOL_OUTCOME_UNKNOWN_TEXT, "c2": TOOL_NOT_STARTED_TEXT}
 
 
 @pytest.mark.parametrize(
