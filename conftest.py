@@ -36,6 +36,8 @@ LONGEST = (
     "packages/dsh-session-persistence-jsonl/tests/test_bounded_reads.py",  # 68 s
     "tests-integration/test_release_reads_new_logs.py",  # 67 s
     "tests-integration/test_openai_agents_crash.py",  # 55 s
+    "tests-integration/test_pydantic_ai_crash.py",  # 51 s (one process, 2026-12-07)
+    "packages/dsh-session-pydantic-ai/tests/test_history_property.py",  # 50 s (one process, 2026-12-07)
     "packages/dsh-session-persistence-jsonl/tests/test_crash_states.py",  # 48 s
     "packages/dsh-session-persistence-jsonl/tests/test_race.py",  # 47 s
     "packages/dsh-session-persistence-postgres/tests/test_crash.py",  # 40 s

@@ -29,6 +29,13 @@ def test_the_distribution_requires_exactly_the_safe_set() -> None:
         assert metadata.version(dist)
 
 
+def test_the_pydantic_ai_extra_brings_the_integration() -> None:
+    extras = [r for r in metadata.requires("dsh-sessions") or [] if "extra ==" in r]
+    assert [(_name(r), r.split("extra ==")[1].strip().strip("'\"")) for r in extras] == [
+        ("dsh-session-pydantic-ai", "pydantic-ai")
+    ]
+
+
 def test_the_safe_set_registers_the_policy_and_the_default_backend() -> None:
     host = Host()
     host.load_entrypoints()
