@@ -29,6 +29,14 @@ class WriteRun:
     partial: str | None = None
     #: ``load`` right after an ``inspect`` of the same session on the same coordinator (the preparation cache).
     resume_s: float | None = None
+    #: Process CPU (user + system, every thread) of the write phase, where the run measures it.
+    cpu_s: float | None = None
+
+
+def process_cpu_s() -> float:
+    """User + system CPU of this process so far (every thread)."""
+    times = os.times()
+    return times.user + times.system
 
 
 def _jsonl(root: str, *, pack_chunks: bool = True) -> Any:

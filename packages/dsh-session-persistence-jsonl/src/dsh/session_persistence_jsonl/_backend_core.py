@@ -193,6 +193,8 @@ class JsonlCore:
         """:meth:`_write` without the unsynced bookkeeping (steps that store no session data: lease, delete)."""
         try:
             return await self._writer.run(session_id, func, *args)
+        except SessionPersistenceError:
+            raise  # some are OSErrors too (e.g. the log already exists): already typed
         except (OSError, MemoryError) as exc:
             raise _storage_error(action, exc) from exc
 
@@ -210,7 +212,7 @@ class JsonlCore:
         path = self._path_for(header)
 
         def finished(_result: object, error: BaseException | None) -> None:
-            if isinstance(error, (OSError, MemoryError)):
+            if isinstance(error, (OSError, MemoryError)) and not isinstance(error, SessionPersistenceError):
                 converted = _storage_error(action, error)
                 converted.__cause__ = error
                 error = converted
