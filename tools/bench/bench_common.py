@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import statistics
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +36,7 @@ class WriteRun:
 
 def process_cpu_s() -> float:
     """User + system CPU of this process so far (every thread)."""
-    times = os.times()
-    return times.user + times.system
+    return time.process_time()
 
 
 def _jsonl(root: str, *, pack_chunks: bool = True) -> Any:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from anyio.lowlevel import checkpoint_if_cancelled
 from msgspec import UNSET
 
 from .._backends.protocol import StorageMetadata
@@ -296,9 +295,6 @@ class LivePath:
             except BaseException:
                 live.writes.cancel_automatic_wait()
                 raise
-        else:
-            # No suspension on this path when nothing is pending, but a cancelled caller still stops here.
-            await checkpoint_if_cancelled()
         await live.writes.flush()
 
     async def load_live(self, session: Session) -> SessionInspection:

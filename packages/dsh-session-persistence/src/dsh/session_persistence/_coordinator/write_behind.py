@@ -24,6 +24,7 @@ from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
 
 from .scheduling import Scheduler, Spawn, TimerHandle
 from .waits import Signal, current_library
@@ -232,6 +233,8 @@ class WriteBehindController(Generic[E]):
             if self._active is None and not self._pending:
                 # Nothing to drain: complete without opening a barrier, so an event enqueued right
                 # after starts its own automatic window instead of waiting behind a finished barrier.
+                # No suspension on this path, but a cancelled caller still stops here.
+                await checkpoint_if_cancelled()
                 return
             barrier = self._barrier = self._new_signal()
             if self._active is None:
