@@ -22,7 +22,7 @@ import anyio
 
 from .._model.errors import SessionWriteInDoubtError
 from .._model.events import SessionEvent
-from .durable import succeeded
+from .durable import is_refusal, succeeded
 from .fifo import Ticket
 from .state import CoordinatorCore, PendingWrite, SessionState
 
@@ -83,6 +83,11 @@ def _finished(
         succeeded(state, pending)
         core.chains.release(session_id, ticket)
         done(None)
+        return
+    if isinstance(error, Exception) and is_refusal(error):
+        # Refused before anything was written (a stale lease, a seq mismatch): the caller's error, nothing to read.
+        core.chains.release(session_id, ticket)
+        done(error)
         return
     spawn = core.spawn
     if not isinstance(error, Exception) or spawn is None:
