@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 from bench_common import ENTRY, Config, Report, WriteRun, _fmt, _jsonl, _ratio, _timed_reps, median
 from bench_load import load_raw
 from bench_peers import run_sqlitesession
 from bench_writes import run_async_floor, run_dsh, run_raw
-from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
+from dsh.session_persistence import Host, MemoryBackend, MemoryStore, PersistenceCoordinator, SessionStore
 
 FLUSH = None
 
@@ -217,6 +218,36 @@ async def many_sessions(
 # The sections
 
 
+async def append_cost(appends: int, reps: int) -> dict[str, float]:
+    """``Session.append`` of a small event (a token chunk) with the coordinator attached (memory backend, so no
+    write runs meanwhile), next to a msgspec encode of the same event: microseconds each, medians of ``reps``."""
+    host = Host()
+    store = SessionStore(host)
+    append_us: list[float] = []
+    encode_us: list[float] = []
+    encoder = msgspec.json.Encoder()
+    async with PersistenceCoordinator(host, MemoryBackend(MemoryStore()), write_batch_max_delay_ms=600_000):
+        session = store.create("append-cost", meta={"cwd": "/bench"})
+        session.append("turn/start", {"turn": 1})
+        session.append("step/start", {"turn": 1, "step": 1})
+        await store.flush(session)
+        data = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token"}}
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _ in range(appends):
+                session.append("assistant/chunk", data)
+            append_us.append((time.perf_counter() - start) / appends * 1e6)
+            await store.flush(session)
+            event = session.events[-1]
+            start = time.perf_counter()
+            for _ in range(appends):
+                encoder.encode(event)
+            encode_us.append((time.perf_counter() - start) / appends * 1e6)
+        store.dispose(session)
+    a, e = median(append_us), median(encode_us)
+    return {"append_us": a, "encode_us": e, "ratio": a / e}
+
+
 async def commit_section(args: argparse.Namespace, cfg: Config, report: Report, scratch: str) -> None:
     """2. The commit workload: three durable points per turn, no streamed chunks (time per durable commit)."""
     f = report.figures
@@ -272,7 +303,9 @@ async def commit_section(args: argparse.Namespace, cfg: Config, report: Report, 
         "reload_dsh_vs_raw": _ratio(reload["dsh"], reload["raw"]),
         "resume_after_preview_vs_reload": _ratio(resume_ms, reload["dsh"]),
     }
+    appended = await append_cost(cfg.turns * 20, cfg.reps)
     f["commit"] = {
+        "append": appended,
         "commits": commits,
         "ms_per_commit": per_commit,
         "cpu_us_per_commit": cpu_us,
@@ -289,6 +322,9 @@ async def commit_section(args: argparse.Namespace, cfg: Config, report: Report, 
     report.row("commit wall dsh/async floor (target <= 1.2)", _fmt(ratios["wall_dsh_vs_floor"], ".2f"))
     report.row("commit wall dsh/async floor, paired (median)", _fmt(ratios["wall_dsh_vs_floor_paired_median"], ".2f"))
     report.row("commit dsh/raw inline", _fmt(ratios["dsh_vs_raw"], ".2f"))
+    report.row("Session.append us [small chunk, coordinator attached]", _fmt(appended["append_us"], ".2f"))
+    report.row("msgspec encode us [the same event]", _fmt(appended["encode_us"], ".2f"))
+    report.row("append/encode (target <= 10)", _fmt(appended["ratio"], ".1f"))
     report.row("commit sqlitesession/dsh (target >= 1.25)", _fmt(ratios["sqlitesession_vs_dsh"], ".2f"))
     for name in ("dsh", "raw", "sqlitesession"):
         report.row(f"reload ms [{name}]", _fmt(reload[name], ".2f"))

@@ -163,7 +163,7 @@ async def run_async_floor(ops: list[Op], where: str) -> WriteRun:
 
     thread = threading.Thread(target=writer, name="async-floor-writer", daemon=True)
     thread.start()
-    wait = _completion_for_running_loop()
+    wait = completion_waiter()
     try:
         cpu_start = process_cpu_s()
         start = time.perf_counter()
@@ -188,7 +188,7 @@ async def run_async_floor(ops: list[Op], where: str) -> WriteRun:
     return WriteRun(seconds, events, _tree_size(where), cpu_s=cpu_s)
 
 
-def _completion_for_running_loop() -> Callable[[Callable[[Callable[[], None]], None]], Awaitable[None]]:
+def completion_waiter() -> Callable[[Callable[[Callable[[], None]], None]], Awaitable[None]]:
     """``wait(submit)``: call ``submit(complete)`` and wait, shielded, until some thread calls ``complete()``."""
     if running_library() == "trio":
         import trio
