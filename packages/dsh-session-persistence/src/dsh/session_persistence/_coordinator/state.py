@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import anyio
 
@@ -97,7 +97,7 @@ class Capabilities:
         )
 
 
-def _submits_its_own_append(backend: SessionBackend) -> bool:
+def _submits_its_own_append(backend: SessionBackend) -> TypeGuard[SupportsSubmitAppend]:
     """Whether ``backend``'s ``submit_append_batch`` is the same append as its ``append_batch``.
 
     A subclass or wrapper that changes ``append_batch`` (a fault injector, a metrics layer) but not the submit

@@ -40,7 +40,7 @@ class CostLedger:
     events: int = 0
     futures: int = 0
     handoffs: int = 0
-    _active: bool = field(default=False, repr=False)
+    _active: bool = field(default=False, init=False, repr=False)
 
     def counts(self) -> dict[str, int]:
         """The counts as a dict (for one exact comparison in a test)."""
@@ -104,7 +104,7 @@ class CostLedger:
             return make_event(cls)
 
         scope_cls.__enter__ = counted_enter  # type: ignore[method-assign]
-        anyio.Event.__new__ = counted_new  # type: ignore[method-assign,assignment]
+        anyio.Event.__new__ = counted_new  # type: ignore[method-assign]
         try:
             yield
         finally:
@@ -156,7 +156,7 @@ class CostLedger:
                 ledger.futures += 1
             return create_future()
 
-        loop.set_task_factory(counted_task)  # type: ignore[arg-type]
+        loop.set_task_factory(counted_task)
         loop.create_future = counted_future  # type: ignore[method-assign]
         try:
             yield
