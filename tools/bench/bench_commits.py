@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import msgspec
 from bench_common import ENTRY, Config, Report, WriteRun, _fmt, _jsonl, _ratio, _timed_reps, median
 from bench_load import load_raw
 from bench_peers import run_sqlitesession
-from bench_writes import run_dsh, run_raw
-from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
+from bench_writes import run_async_floor, run_dsh, run_raw
+from dsh.session_persistence import Host, MemoryBackend, MemoryStore, PersistenceCoordinator, SessionStore
 
 FLUSH = None
 
@@ -217,6 +218,36 @@ async def many_sessions(
 # The sections
 
 
+async def append_cost(appends: int, reps: int) -> dict[str, float]:
+    """``Session.append`` of a small event (a token chunk) with the coordinator attached (memory backend, so no
+    write runs meanwhile), next to a msgspec encode of the same event: microseconds each, medians of ``reps``."""
+    host = Host()
+    store = SessionStore(host)
+    append_us: list[float] = []
+    encode_us: list[float] = []
+    encoder = msgspec.json.Encoder()
+    async with PersistenceCoordinator(host, MemoryBackend(MemoryStore()), write_batch_max_delay_ms=600_000):
+        session = store.create("append-cost", meta={"cwd": "/bench"})
+        session.append("turn/start", {"turn": 1})
+        session.append("step/start", {"turn": 1, "step": 1})
+        await store.flush(session)
+        data = {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": "token"}}
+        for _ in range(reps):
+            start = time.perf_counter()
+            for _ in range(appends):
+                session.append("assistant/chunk", data)
+            append_us.append((time.perf_counter() - start) / appends * 1e6)
+            await store.flush(session)
+            event = session.events[-1]
+            start = time.perf_counter()
+            for _ in range(appends):
+                encoder.encode(event)
+            encode_us.append((time.perf_counter() - start) / appends * 1e6)
+        store.dispose(session)
+    a, e = median(append_us), median(encode_us)
+    return {"append_us": a, "encode_us": e, "ratio": a / e}
+
+
 async def commit_section(args: argparse.Namespace, cfg: Config, report: Report, scratch: str) -> None:
     """2. The commit workload: three durable points per turn, no streamed chunks (time per durable commit)."""
     f = report.figures
@@ -235,40 +266,66 @@ async def commit_section(args: argparse.Namespace, cfg: Config, report: Report, 
     async def sqlitesession(where: str) -> WriteRun:
         return await run_sqlitesession(ops, where)
 
-    runs: list[tuple[str, Callable[[str], Awaitable[WriteRun]]]] = [("dsh", dsh_run), ("raw", raw_run)]
+    runs: list[tuple[str, Callable[[str], Awaitable[WriteRun]]]] = [
+        ("dsh", dsh_run),
+        ("raw", raw_run),
+        ("floor", lambda where: run_async_floor(ops, where)),
+    ]
     if f["peers"]["sqlitesession"] == "ok":
         runs.append(("sqlitesession", sqlitesession))
     results = await _timed_reps("commit", cfg.reps, runs, scratch)
+    systems = ("dsh", "floor", "raw", "sqlitesession")
     per_commit: dict[str, float | None] = {}
+    cpu_us: dict[str, float | None] = {}
     reload: dict[str, float | None] = {}
     resumes = [r.resume_s for r in results["dsh"] if r.resume_s is not None]
     resume_ms = median(resumes) * 1000 if resumes else None
-    for name in ("dsh", "raw", "sqlitesession"):
+    for name in systems:
         rs = results.get(name)
         per_commit[name] = median([r.seconds / commits for r in rs]) * 1000 if rs else None
+        cpus = [r.cpu_s / commits for r in rs or [] if r.cpu_s is not None]
+        cpu_us[name] = median(cpus) * 1e6 if cpus else None
         reloads = [r.reload_s for r in rs or [] if r.reload_s is not None]
         reload[name] = median(reloads) * 1000 if reloads else None
     paired = [a.seconds / b.seconds for a, b in zip(results["dsh"], results["raw"], strict=True)]
+    paired_cpu = [
+        a.cpu_s / b.cpu_s for a, b in zip(results["dsh"], results["floor"], strict=True) if a.cpu_s and b.cpu_s
+    ]
+    paired_wall = [a.seconds / b.seconds for a, b in zip(results["dsh"], results["floor"], strict=True)]
     ratios = {
         "dsh_vs_raw": _ratio(per_commit["dsh"], per_commit["raw"]),
         "dsh_vs_raw_paired_median": median(paired),
+        "cpu_dsh_vs_floor": _ratio(cpu_us["dsh"], cpu_us["floor"]),
+        "cpu_dsh_vs_floor_paired_median": median(paired_cpu) if paired_cpu else None,
+        "wall_dsh_vs_floor": _ratio(per_commit["dsh"], per_commit["floor"]),
+        "wall_dsh_vs_floor_paired_median": median(paired_wall),
         "sqlitesession_vs_dsh": _ratio(per_commit["sqlitesession"], per_commit["dsh"]),
         "reload_dsh_vs_raw": _ratio(reload["dsh"], reload["raw"]),
         "resume_after_preview_vs_reload": _ratio(resume_ms, reload["dsh"]),
     }
+    appended = await append_cost(cfg.turns * 20, cfg.reps)
     f["commit"] = {
+        "append": appended,
         "commits": commits,
         "ms_per_commit": per_commit,
+        "cpu_us_per_commit": cpu_us,
         "reload_ms": reload,
         "resume_after_preview_ms": resume_ms,
         "ratio": ratios,
     }
-    for name in ("dsh", "raw", "sqlitesession"):
+    for name in systems:
         note = "" if per_commit[name] is not None else f["peers"].get(name, "")
         report.row(f"ms per durable commit [{name}]", _fmt(per_commit[name], ".3f"), note)
-    report.row("commit dsh/raw (target <= 1.5, goal 1.25)", _fmt(ratios["dsh_vs_raw"], ".2f"))
-    report.row("commit dsh/raw, paired per rep (median)", _fmt(ratios["dsh_vs_raw_paired_median"], ".2f"))
-    report.row("commit sqlitesession/dsh (target >= 1.5, goal 2)", _fmt(ratios["sqlitesession_vs_dsh"], ".2f"))
+        report.row(f"CPU us per durable commit [{name}]", _fmt(cpu_us[name], ".0f"), note)
+    report.row("commit CPU dsh/async floor (target <= 1.3, goal 1.1)", _fmt(ratios["cpu_dsh_vs_floor"], ".2f"))
+    report.row("commit CPU dsh/async floor, paired (median)", _fmt(ratios["cpu_dsh_vs_floor_paired_median"], ".2f"))
+    report.row("commit wall dsh/async floor (target <= 1.2)", _fmt(ratios["wall_dsh_vs_floor"], ".2f"))
+    report.row("commit wall dsh/async floor, paired (median)", _fmt(ratios["wall_dsh_vs_floor_paired_median"], ".2f"))
+    report.row("commit dsh/raw inline", _fmt(ratios["dsh_vs_raw"], ".2f"))
+    report.row("Session.append us [small chunk, coordinator attached]", _fmt(appended["append_us"], ".2f"))
+    report.row("msgspec encode us [the same event]", _fmt(appended["encode_us"], ".2f"))
+    report.row("append/encode (target <= 10)", _fmt(appended["ratio"], ".1f"))
+    report.row("commit sqlitesession/dsh (target >= 1.25)", _fmt(ratios["sqlitesession_vs_dsh"], ".2f"))
     for name in ("dsh", "raw", "sqlitesession"):
         report.row(f"reload ms [{name}]", _fmt(reload[name], ".2f"))
     report.row("reload dsh/raw (target <= 1.2)", _fmt(ratios["reload_dsh_vs_raw"], ".2f"))

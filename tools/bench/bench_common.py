@@ -8,6 +8,7 @@ import os
 import platform
 import shutil
 import statistics
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,13 @@ class WriteRun:
     partial: str | None = None
     #: ``load`` right after an ``inspect`` of the same session on the same coordinator (the preparation cache).
     resume_s: float | None = None
+    #: Process CPU (user + system, every thread) of the write phase, where the run measures it.
+    cpu_s: float | None = None
+
+
+def process_cpu_s() -> float:
+    """User + system CPU of this process so far (every thread)."""
+    return time.process_time()
 
 
 def _jsonl(root: str, *, pack_chunks: bool = True) -> Any:

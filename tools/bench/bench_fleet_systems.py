@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import msgspec
 import zstandard
 from bench_common import _jsonl
+from bench_writes import completion_waiter
 from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
 
 #: The cwd every fleet session is created under.
@@ -122,6 +126,40 @@ class RawSystem(System):
             os.close(log.fd)
 
 
+class FloorSystem(RawSystem):
+    """The async floor (DESIGN §12): msgspec lines as events come; at a barrier one hand-off of the session's lines
+    to one long-lived writer thread (a ``queue.SimpleQueue``), which compresses one zstd frame (level 3), ``write`` +
+    ``fsync``, and completes the caller through the loop's thread-safe call; the caller waits, shielded."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where, inline=False)
+        self.jobs: queue.SimpleQueue[tuple[int, bytes, Callable[[], None]] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="fleet-floor-writer", daemon=True)
+        self.thread.start()
+        self.wait: Callable[[Callable[[Callable[[], None]], None]], Awaitable[None]] | None = None
+
+    def _serve(self) -> None:
+        compressor = zstandard.ZstdCompressor(level=3)
+        while (job := self.jobs.get()) is not None:
+            fd, data, complete = job
+            _write_sync(fd, compressor.compress(data))
+            complete()
+
+    async def barrier(self, handle: Any) -> None:
+        if not handle.pending:
+            return
+        data = b"".join(handle.pending)
+        handle.pending.clear()
+        if self.wait is None:
+            self.wait = completion_waiter()
+        await self.wait(lambda complete: self.jobs.put((handle.fd, data, complete)))
+
+    async def aclose(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+        await super().aclose()
+
+
 class _SqliteLog:
     __slots__ = ("pending", "seq", "session")
 
@@ -172,6 +210,8 @@ class SqliteSystem(System):
 def make_system(name: str, where: str) -> System:
     if name == "dsh":
         return DshSystem(where)
+    if name == "floor":
+        return FloorSystem(where)
     if name in ("raw_thread", "raw_inline"):
         return RawSystem(where, inline=name == "raw_inline")
     if name in ("sqlite_file", "sqlite_shared"):

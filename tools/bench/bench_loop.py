@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench_commits import filler_text  # one word-salad generator for both workloads
-from bench_common import Config, Report, _fmt, median
+from bench_common import Config, Report, _fmt, _ratio, median
 from dsh.session_checkpoint_policy import NAME as POLICY_NAME
 from dsh.session_checkpoint_policy import CheckpointPolicy
-from dsh.session_persistence import Host, MemoryBackend, PersistenceCoordinator, SessionStore
+from dsh.session_persistence import Host, MemoryBackend, PersistenceCoordinator, SessionStore, hookimpl
 from dsh.session_persistence.loop import AgentLoop
 from dsh.session_persistence.testing import (
     ScriptedAdapter,
@@ -59,6 +59,19 @@ class LoopRun:
     events: int
     #: Process CPU time over the same turns (every thread: the worker threads' encoding and writes included).
     cpu_seconds: float
+    #: Durability barriers (``session_flush`` calls) over the same turns.
+    barriers: int = 0
+
+
+class _BarrierCounter:
+    """A plugin that counts the host's ``session_flush`` calls (the policy's barriers)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @hookimpl
+    def session_flush(self, host: Host, session: Any) -> None:
+        self.count += 1
 
 
 def _responses(turns: int, rng: random.Random) -> Iterator[ScriptedResponse]:
@@ -78,6 +91,8 @@ async def loop_turns(setup: str, turns: int, where: str, seed: int = 13) -> Loop
     rng = random.Random(seed)
     host = Host()
     host.register(CheckpointPolicy(), name=POLICY_NAME)
+    counter = _BarrierCounter()
+    host.register(counter, name="bench-barrier-counter")
     store = SessionStore(host)
     tools = [
         ScriptedTool("read_file", output=filler_text(rng, 2000)),
@@ -101,11 +116,11 @@ async def loop_turns(setup: str, turns: int, where: str, seed: int = 13) -> Loop
 
     if setup == "none":
         seconds, cpu, events = await drive()
-        return LoopRun(setup, turns, seconds, events, cpu)
+        return LoopRun(setup, turns, seconds, events, cpu, counter.count)
     backend: Any = MemoryBackend() if setup == "memory" else JsonlBackend(where)
     async with PersistenceCoordinator(host, backend):
         seconds, cpu, events = await drive()
-    return LoopRun(setup, turns, seconds, events, cpu)
+    return LoopRun(setup, turns, seconds, events, cpu, counter.count)
 
 
 async def loop_section(cfg: Config, report: Report, scratch: str) -> None:
@@ -134,7 +149,15 @@ async def loop_section(cfg: Config, report: Report, scratch: str) -> None:
         for setup in ("memory", "jsonl")
     }
     events = runs["jsonl"][0].events
+    # The target's baseline (issue #34): the loop's barriers per turn times the async floor's CPU per commit, both
+    # measured in this run (section 2 runs first).
+    barriers_per_turn = runs["jsonl"][0].barriers / turns
+    floor_cpu_us = (f.get("commit") or {}).get("cpu_us_per_commit", {}).get("floor")
+    floor_turn_ms = None if floor_cpu_us is None else barriers_per_turn * floor_cpu_us / 1000
     f["agent_loop"] = {
+        "barriers_per_turn": barriers_per_turn,
+        "floor_cpu_ms_per_turn": floor_turn_ms,
+        "persistence_cpu_vs_floor": _ratio(added_cpu["jsonl"], floor_turn_ms),
         "turns": turns,
         "events_per_turn": events / turns,
         "ms_per_turn": per_turn,
@@ -148,3 +171,7 @@ async def loop_section(cfg: Config, report: Report, scratch: str) -> None:
     report.row("persistence ms/turn [jsonl] (target <= 2)", _fmt(added["jsonl"], ".3f"))
     report.row("persistence CPU ms/turn [memory: no disk]", _fmt(added_cpu["memory"], ".3f"))
     report.row("persistence CPU ms/turn [jsonl]", _fmt(added_cpu["jsonl"], ".3f"))
+    report.row(f"async floor CPU ms/turn [{barriers_per_turn:g} barriers]", _fmt(floor_turn_ms, ".3f"))
+    report.row(
+        "persistence CPU per turn / floor (target <= 1.3)", _fmt(f["agent_loop"]["persistence_cpu_vs_floor"], ".2f")
+    )

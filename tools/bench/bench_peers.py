@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from bench_common import WriteRun, _tree_size
+from bench_common import WriteRun, _tree_size, process_cpu_s
 from bench_workload import FLUSH, SESSION_ID, Op
 
 
@@ -39,6 +39,7 @@ async def run_sqlitesession(ops: list[Op], where: str) -> WriteRun:
 
     os.makedirs(where, exist_ok=True)
     db = os.path.join(where, "sessions.db")
+    cpu_start = process_cpu_s()
     start = time.perf_counter()
     session = SQLiteSession(SESSION_ID, db)
     events = 0
@@ -52,6 +53,7 @@ async def run_sqlitesession(ops: list[Op], where: str) -> WriteRun:
             pending.append(op)
             events += 1
     seconds = time.perf_counter() - start
+    cpu_s = process_cpu_s() - cpu_start
     session.close()
     size = _tree_size(where)
     start = time.perf_counter()
@@ -61,7 +63,7 @@ async def run_sqlitesession(ops: list[Op], where: str) -> WriteRun:
     reader.close()
     if len(items) != events:
         raise AssertionError(f"SQLiteSession reload returned {len(items)} items, expected {events}")
-    return WriteRun(seconds, events, size, reload_s)
+    return WriteRun(seconds, events, size, reload_s, cpu_s=cpu_s)
 
 
 def _lc_message(event: dict[str, Any]) -> Any:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
+import queue
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,7 +20,18 @@ import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 import zstandard
-from bench_common import Config, Report, WriteRun, _fmt, _jsonl, _ratio, _timed_reps, _tree_size, median
+from bench_common import (
+    Config,
+    Report,
+    WriteRun,
+    _fmt,
+    _jsonl,
+    _ratio,
+    _timed_reps,
+    _tree_size,
+    median,
+    process_cpu_s,
+)
 from bench_peers import peer_status, run_langgraph, run_sqlitesession
 from bench_workload import CWD, FLUSH, SESSION_ID, Op, batches, raw_json_bytes, workload
 from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
@@ -28,18 +43,21 @@ async def run_dsh(ops: list[Op], where: str, *, pack_chunks: bool = True, resume
     At each durable point the bench does what the checkpoint policy does: ``store.flush(session)`` shielded.
     ``resume``: also time a load right after a preview (section 2 reports it; section 1 does not).
     """
-    seconds, events = await full_stack_write(ops, _jsonl(where, pack_chunks=pack_chunks))
+    cpu: list[float] = []
+    seconds, events = await full_stack_write(ops, _jsonl(where, pack_chunks=pack_chunks), cpu=cpu)
     # Reload: a fresh host and coordinator (a cold process), end to end.
     reload_s = await _dsh_reload(where, pack_chunks, events)
     resume_s = await _dsh_resume_after_preview(where, pack_chunks, events) if resume else None
-    return WriteRun(seconds, events, _tree_size(where), reload_s, resume_s=resume_s)
+    return WriteRun(seconds, events, _tree_size(where), reload_s, resume_s=resume_s, cpu_s=cpu[0])
 
 
-async def full_stack_write(ops: list[Op], backend: Any, *, warm: bool = False) -> tuple[float, int]:
+async def full_stack_write(
+    ops: list[Op], backend: Any, *, warm: bool = False, cpu: list[float] | None = None
+) -> tuple[float, int]:
     """The write workload through Host + SessionStore + PersistenceCoordinator over ``backend``: (seconds, events).
 
     ``warm``: one ``backend.list()`` before the clock starts (opens a database backend's connection pool, which a
-    long-running process does once, not per session).
+    long-running process does once, not per session). ``cpu``: the write phase's process CPU is appended to it.
     """
     host = Host()
     store = SessionStore(host)
@@ -47,6 +65,7 @@ async def full_stack_write(ops: list[Op], backend: Any, *, warm: bool = False) -
     async with PersistenceCoordinator(host, backend):
         if warm:
             await backend.list()
+        cpu_start = process_cpu_s()
         start = time.perf_counter()
         session = store.create(SESSION_ID, meta={"cwd": CWD})
         append = session.append
@@ -59,6 +78,8 @@ async def full_stack_write(ops: list[Op], backend: Any, *, warm: bool = False) -
                 append(op["type"], op["data"], source_event_seqs=op.get("sourceEventSeqs"))
                 events += 1
         seconds = time.perf_counter() - start
+        if cpu is not None:
+            cpu.append(process_cpu_s() - cpu_start)
         store.dispose(session)
     return seconds, events
 
@@ -96,6 +117,7 @@ def run_raw(ops: list[Op], where: str) -> WriteRun:
     path = os.path.join(where, "raw.jsonl.zstd")
     encoder = msgspec.json.Encoder()
     compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    cpu_start = process_cpu_s()
     start = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
     try:
@@ -114,7 +136,91 @@ def run_raw(ops: list[Op], where: str) -> WriteRun:
     finally:
         os.close(fd)
     seconds = time.perf_counter() - start
-    return WriteRun(seconds, events, _tree_size(where))
+    return WriteRun(seconds, events, _tree_size(where), cpu_s=process_cpu_s() - cpu_start)
+
+
+async def run_async_floor(ops: list[Op], where: str) -> WriteRun:
+    """The async floor (DESIGN §12): the least an async program pays for the same durable steps.
+
+    Each event is msgspec-encoded on the event loop as it comes; at a durable point the step's lines go to one
+    long-lived writer thread in one hand-off (a ``queue.SimpleQueue``); the thread compresses one zstd frame
+    (level 3), ``os.write`` + ``os.fsync``, and resolves the caller's completion through the loop's thread-safe
+    call; the caller waits on it, shielded. asyncio and trio (each library's own completion primitive).
+    """
+    os.makedirs(where, exist_ok=True)
+    path = os.path.join(where, "floor.jsonl.zstd")
+    encoder = msgspec.json.Encoder()
+    jobs: queue.SimpleQueue[tuple[bytes, Callable[[], None]] | None] = queue.SimpleQueue()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+
+    def writer() -> None:
+        compressor = zstandard.ZstdCompressor(level=3, write_checksum=True)
+        while (job := jobs.get()) is not None:
+            data, complete = job
+            os.write(fd, compressor.compress(data))
+            os.fsync(fd)
+            complete()
+
+    thread = threading.Thread(target=writer, name="async-floor-writer", daemon=True)
+    thread.start()
+    wait = completion_waiter()
+    try:
+        cpu_start = process_cpu_s()
+        start = time.perf_counter()
+        header = {"type": "session", "version": 0, "id": SESSION_ID, "createdAt": 0, "cwd": CWD}
+        pending: list[bytes] = [encoder.encode(header)]
+        events = 0
+        for op in ops:
+            if op is FLUSH:
+                if pending:
+                    data = b"\n".join(pending) + b"\n"
+                    pending = []
+                    await wait(lambda complete, data=data: jobs.put((data, complete)))
+            else:
+                pending.append(encoder.encode(op))
+                events += 1
+        seconds = time.perf_counter() - start
+        cpu_s = process_cpu_s() - cpu_start
+    finally:
+        jobs.put(None)
+        thread.join()
+        os.close(fd)
+    return WriteRun(seconds, events, _tree_size(where), cpu_s=cpu_s)
+
+
+def completion_waiter() -> Callable[[Callable[[Callable[[], None]], None]], Awaitable[None]]:
+    """``wait(submit)``: call ``submit(complete)`` and wait, shielded, until some thread calls ``complete()``."""
+    if running_library() == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+
+        async def wait_trio(submit: Callable[[Callable[[], None]], None]) -> None:
+            task = trio.lowlevel.current_task()
+            submit(lambda: token.run_sync_soon(trio.lowlevel.reschedule, task))
+            await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+        return wait_trio
+    loop = asyncio.get_running_loop()
+
+    async def wait_asyncio(submit: Callable[[Callable[[], None]], None]) -> None:
+        future = loop.create_future()
+        submit(lambda: loop.call_soon_threadsafe(future.set_result, None))
+        await asyncio.shield(future)
+
+    return wait_asyncio
+
+
+def running_library() -> str:
+    """``"trio"`` when a trio run is active in this thread, else ``"asyncio"``."""
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            return "asyncio"
+        return "trio"
+    return "asyncio"
 
 
 @dataclass

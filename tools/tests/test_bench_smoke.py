@@ -69,6 +69,10 @@ def _positive(value: object) -> bool:
         ("commit", "ms_per_commit", "dsh"),
         ("commit", "ms_per_commit", "raw"),
         ("commit", "ratio", "dsh_vs_raw"),
+        ("commit", "ratio", "cpu_dsh_vs_floor"),
+        ("commit", "ratio", "wall_dsh_vs_floor"),
+        ("commit", "cpu_us_per_commit", "floor"),
+        ("commit", "append", "ratio"),
         ("commit", "reload_ms", "dsh"),
         ("commit", "reload_ms", "raw"),
         ("commit", "resume_after_preview_ms"),
@@ -146,7 +150,7 @@ def test_fleet_reports_every_system_rate_and_loop(figures: dict[str, Any]) -> No
     (n,) = fleet["sessions"]
     for loop in ("asyncio", "trio"):
         for rate in ("realistic", "aggressive"):
-            for system in ("dsh", "raw_thread", "raw_inline"):
+            for system in ("dsh", "floor", "raw_thread", "raw_inline"):
                 cell = fleet["cells"][f"{loop}/{rate}/n={n}/{system}"]
                 assert "error" not in cell, cell
                 assert cell["sessions"] == n

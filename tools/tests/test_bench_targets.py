@@ -29,16 +29,19 @@ def targets() -> ModuleType:
     return bench_targets
 
 
-def _figures(commit: float, served: float) -> dict[str, Any]:
+def _figures(cpu: float, served: float) -> dict[str, Any]:
     return {
-        "commit": {"ratio": {"dsh_vs_raw": commit, "sqlitesession_vs_dsh": 2.0, "reload_dsh_vs_raw": 1.1}},
+        "commit": {
+            "ratio": {"cpu_dsh_vs_floor": cpu, "sqlitesession_vs_dsh": 2.0, "reload_dsh_vs_raw": 1.1},
+            "append": {"ratio": 9.0},
+        },
         "load": {"10MB": {"ratio": 0.8}},
         "fleet": {
-            "cells": {
-                "asyncio/realistic/n=1000/dsh": {"demanded_per_s": 100.0, "served_per_s": served},
-                "asyncio/realistic/n=1000/raw_thread": {"demanded_per_s": 100.0, "served_per_s": 100.0},
+            "cells": {},
+            "ratios": {
+                "asyncio/realistic/n=1000 dsh/floor p99": 2.5,
+                "asyncio/realistic/n=1000 dsh/floor served": served,
             },
-            "ratios": {"asyncio/realistic/n=1000 dsh/floor p99": 2.5},
         },
         "big": {"stream": {"peak_rss": 10 * 1024 * 1024}},
     }
@@ -49,31 +52,33 @@ def _verdicts(targets: ModuleType, figures: dict[str, Any]) -> dict[str, str]:
 
 
 def test_each_target_is_met_missed_or_not_measured(targets: ModuleType) -> None:
-    verdicts = _verdicts(targets, _figures(commit=1.4, served=99.5))
-    assert verdicts["durable commit dsh/raw"] == "met"
-    assert verdicts["durable commit SQLiteSession/dsh"] == "met"
-    assert verdicts["reload dsh/raw"] == "met"
-    assert verdicts["load dsh/raw at 10MB"] == "met"
-    assert verdicts["load dsh/raw at 100MB"] == "not measured"
-    assert verdicts["fleet asyncio, N = 1,000, realistic: served/demanded (the floor served 1.00)"] == "met"
-    assert verdicts["fleet asyncio, N = 1,000, realistic: p99 dsh/floor"] == "missed"
-    assert verdicts["fleet trio, N = 1,000, realistic: p99 dsh/floor"] == "not measured"
-    assert verdicts["iter_events over 1,000,000 events: peak RSS MB"] == "met"
-    assert verdicts["read_from(last 100) of 1,000,000 events: MB read"] == "not measured"
+    verdicts = _verdicts(targets, _figures(cpu=1.2, served=1.0))
+    assert verdicts["#34 durable commit CPU dsh/async floor"] == "met"
+    assert verdicts["#34 durable commit wall dsh/async floor"] == "not measured"
+    assert verdicts["#34 durable commit SQLiteSession/dsh"] == "met"
+    assert verdicts["#34 Session.append / msgspec encode"] == "met"
+    assert verdicts["#35 reload dsh/raw decode"] == "met"
+    assert verdicts["#35 load dsh/raw at 10MB"] == "met"
+    assert verdicts["#35 load dsh/raw at 100MB"] == "not measured"
+    assert verdicts["#34 fleet asyncio, N = 1,000, realistic: served dsh/floor"] == "met"
+    assert verdicts["#34 fleet asyncio, N = 1,000, realistic: p99 dsh/floor"] == "missed"
+    assert verdicts["#34 fleet trio, N = 1,000, realistic: p99 dsh/floor"] == "not measured"
+    assert verdicts["#35 iter_events over 1,000,000 events: peak RSS MB"] == "met"
+    assert verdicts["#35 read_from(last 100) of 1,000,000 events: MB read"] == "not measured"
 
 
 def test_a_figure_past_its_bound_is_missed(targets: ModuleType) -> None:
-    verdicts = _verdicts(targets, _figures(commit=1.6, served=90.0))
-    assert verdicts["durable commit dsh/raw"] == "missed"
-    assert verdicts["fleet asyncio, N = 1,000, realistic: served/demanded (the floor served 1.00)"] == "missed"
+    verdicts = _verdicts(targets, _figures(cpu=1.31, served=0.9))
+    assert verdicts["#34 durable commit CPU dsh/async floor"] == "missed"
+    assert verdicts["#34 fleet asyncio, N = 1,000, realistic: served dsh/floor"] == "missed"
 
 
 def test_targets_from_prints_a_saved_run(tmp_path: Path) -> None:
     saved = tmp_path / "run.json"
-    saved.write_text(json.dumps(_figures(commit=1.4, served=99.5)))
+    saved.write_text(json.dumps(_figures(cpu=1.25, served=1.0)))
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--targets-from", str(saved)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if "durable commit dsh/raw" in line]
-    assert len(lines) == 1 and lines[0].rstrip().endswith("met") and "1.40" in lines[0]
+    lines = [line for line in proc.stdout.splitlines() if "durable commit CPU dsh/async floor" in line]
+    assert len(lines) == 1 and lines[0].rstrip().endswith("met") and "1.25" in lines[0]

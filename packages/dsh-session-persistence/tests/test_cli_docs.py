@@ -139,7 +139,7 @@ def test_backend_guide_names_every_optional_primitive_kit_class_and_hook() -> No
 
     text = GUIDE.read_text(encoding="utf-8")
     primitives = [name for name in backend.__all__ if name.startswith("Supports")]
-    assert len(primitives) == 15 and f"{len(primitives)} separate" in text
+    assert len(primitives) == 16 and f"{len(primitives)} separate" in text
     kits = [name for name in testing.__all__ if name.endswith("Conformance")]
     hooks: set[str] = set()
     for name in kits:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from dsh.session_persistence.backend import (
@@ -162,6 +162,29 @@ class JsonlWrites:
             return
         path = self._core._path_for(storage.meta)
         await self._core._write(storage.meta, "appending to the session log", self._append_sync, storage, path, batch)
+
+    def submit_append_batch(
+        self,
+        storage: StorageMetadata,
+        events: Sequence[SessionEvent],
+        is_materialized: bool,
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        """:meth:`append_batch` without an await (the core's ``SupportsSubmitAppend``): the same durable step, queued
+        on the writer now; ``done`` hears how it ended, from the writer thread."""
+        if not events:
+            done(None)
+            return
+        batch = list(events)
+        if not is_materialized:
+            self._core._submit_write(
+                storage.meta, "materializing the session log", self._materialize_sync, (storage, batch), done
+            )
+            return
+        path = self._core._path_for(storage.meta)
+        self._core._submit_write(
+            storage.meta, "appending to the session log", self._append_sync, (storage, path, batch), done
+        )
 
     def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
         """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""

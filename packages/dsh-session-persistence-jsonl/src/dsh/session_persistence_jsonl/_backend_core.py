@@ -194,11 +194,31 @@ class JsonlCore:
         try:
             return await self._writer.run(session_id, func, *args)
         except SessionPersistenceError:
-            raise
-        except OSError as exc:
-            raise SessionStorageError.from_os_error(action, exc) from exc
-        except MemoryError as exc:
-            raise SessionStorageError(f"{action} failed: out of memory") from exc
+            raise  # some are OSErrors too (e.g. the log already exists): already typed
+        except (OSError, MemoryError) as exc:
+            raise _storage_error(action, exc) from exc
+
+    def _submit_write(
+        self,
+        header: SessionHeader,
+        action: str,
+        func: Callable[..., object],
+        args: tuple[Any, ...],
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        """:meth:`_write` without an await: queue the same durable step on the writer and return; ``done(error)`` is
+        called on the writer thread once it has run (``None``: durable; else the error :meth:`_write` raises)."""
+        session_id = header.id
+        path = self._path_for(header)
+
+        def finished(_result: object, error: BaseException | None) -> None:
+            if isinstance(error, (OSError, MemoryError)) and not isinstance(error, SessionPersistenceError):
+                converted = _storage_error(action, error)
+                converted.__cause__ = error
+                error = converted
+            done(error)
+
+        self._writer.submit(session_id, self._durable_step, (session_id, path, func, args), finished)
 
     def _durable_step(self, session_id: str, path: str, func: Callable[..., _T], args: tuple[Any, ...]) -> _T:
         """On the writer: :meth:`_write`'s step between the settlement of an earlier unsynced write and the
@@ -348,3 +368,10 @@ class JsonlCore:
     def locate(self, meta: SessionHeader) -> SessionLocation:
         """Where this session's transcript lives (or would live). No I/O: works before the root exists."""
         return SessionLocation(kind="jsonl", path=self._path_for(meta))
+
+
+def _storage_error(action: str, exc: OSError | MemoryError) -> SessionStorageError:
+    """The one translation of a writer step's low-level failure into the storage error callers see."""
+    if isinstance(exc, MemoryError):
+        return SessionStorageError(f"{action} failed: out of memory")
+    return SessionStorageError.from_os_error(action, exc)

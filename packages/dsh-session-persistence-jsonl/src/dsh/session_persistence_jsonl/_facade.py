@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import ClassVar
 
 from dsh.session_persistence.backend import (
@@ -175,6 +175,15 @@ class JsonlBackend:
         The first write to a v0 transcript upgrades the whole file to v1 (atomically, see ``docs/operations.md``).
         """
         await self._writes.append_batch(storage, events, is_materialized)
+
+    def submit_append_batch(
+        self,
+        storage: StorageMetadata,
+        events: Sequence[SessionEvent],
+        is_materialized: bool,
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        self._writes.submit_append_batch(storage, events, is_materialized, done)
 
     async def commit_repair(
         self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]

@@ -25,6 +25,7 @@ no queued job of the parent's.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import weakref
@@ -40,15 +41,35 @@ T = TypeVar("T")
 
 
 class _Job:
-    __slots__ = ("args", "done", "error", "func", "mailbox", "result")
+    __slots__ = ("args", "callback", "done", "error", "func", "mailbox", "result")
 
-    def __init__(self, func: Callable[..., Any], args: tuple[Any, ...], mailbox: _Mailbox) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        mailbox: _Mailbox | None,
+        callback: Callable[[Any, BaseException | None], None] | None = None,
+    ) -> None:
         self.func = func
         self.args = args
         self.mailbox = mailbox
-        self.done = anyio.Event()
+        self.callback = callback
+        self.done = anyio.Event() if callback is None else None
         self.result: Any = None
         self.error: BaseException | None = None
+
+    def finish(self) -> None:
+        """On the writer thread, once the job has run: report to its waiter or call its callback."""
+        callback = self.callback
+        if callback is None:
+            assert self.mailbox is not None
+            self.mailbox.deliver(self)
+            return
+        error, self.error = self.error, None
+        try:
+            callback(self.result, error)
+        except BaseException:  # a callback must never end the lane's thread
+            logging.getLogger("dsh.session_persistence_jsonl").exception("writer completion callback raised")
 
 
 class _Mailbox:
@@ -79,6 +100,7 @@ class _Mailbox:
         with self._lock:
             ready, self._ready = self._ready, []
         for job in ready:
+            assert job.done is not None
             job.done.set()
 
 
@@ -150,7 +172,7 @@ class _Lane:
                     job.result = job.func(*job.args)
                 except BaseException as exc:  # handed to the waiting caller, raised there
                     job.error = exc
-                job.mailbox.deliver(job)
+                job.finish()
 
     def stop(self) -> threading.Thread | None:
         """Ask the thread to end once its queue is empty; the thread to join (``None`` if there is none)."""
@@ -219,12 +241,14 @@ class BlockingWriter:
         lanes = self._lanes
         job = _Job(func, args, _current_mailbox())
         lanes[hash(key) % len(lanes) if len(lanes) > 1 else 0].submit(job)
+        done = job.done
+        assert done is not None
         try:
-            await job.done.wait()
+            await done.wait()
         except anyio.get_cancelled_exc_class():
             # Shielded only once cancelled (a cancel scope per step costs more than the wait itself).
             with anyio.CancelScope(shield=True):
-                await job.done.wait()
+                await done.wait()
             raise
         error = job.error
         if error is not None:
@@ -232,6 +256,19 @@ class BlockingWriter:
             raise error
         result: T = job.result
         return result
+
+    def submit(
+        self,
+        key: Hashable,
+        func: Callable[..., T],
+        args: tuple[Any, ...],
+        callback: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        """Queue ``func(*args)`` on the lane of ``key`` (after every job queued there) and return at once; once it has
+        run, ``callback(result, error)`` is called on the writer thread. The job runs to its end whatever happens
+        to the submitter; the callback must be quick and must not block (it typically posts to a loop)."""
+        lanes = self._lanes
+        lanes[hash(key) % len(lanes) if len(lanes) > 1 else 0].submit(_Job(func, args, None, callback))
 
     async def aclose(self) -> None:
         """End every lane's thread once its queued jobs are done, and wait for them (idempotent; a later

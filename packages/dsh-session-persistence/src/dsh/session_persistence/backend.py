@@ -44,6 +44,7 @@ from ._backends.protocol import (
     SupportsSalvage,
     SupportsSeek,
     SupportsStreamingRead,
+    SupportsSubmitAppend,
     SupportsWriterLease,
     WriterLease,
 )
@@ -159,6 +160,7 @@ __all__ = [
     "SupportsSalvage",
     "SupportsSeek",
     "SupportsStreamingRead",
+    "SupportsSubmitAppend",
     "SupportsLeaseProbe",
     "SupportsWriterLease",
     "UnsupportedOperationError",

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,6 +282,24 @@ class MemoryBackend:
     ) -> None:
         """Append a contiguous batch; the first batch creates the entry with its header and cut in one step."""
         await anyio.lowlevel.checkpoint()
+        self._append_now(storage, events, is_materialized)
+
+    def submit_append_batch(
+        self,
+        storage: StorageMetadata,
+        events: Sequence[SessionEvent],
+        is_materialized: bool,
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        """:meth:`append_batch` without an await: the append happens now, ``done`` hears how it ended."""
+        try:
+            self._append_now(storage, events, is_materialized)
+        except Exception as exc:
+            done(exc)
+        else:
+            done(None)
+
+    def _append_now(self, storage: StorageMetadata, events: Sequence[SessionEvent], is_materialized: bool) -> None:
         session_id = storage.meta.id
         lines = [encode_event(e) for e in events]
         entry = self.store._entries.get(session_id)

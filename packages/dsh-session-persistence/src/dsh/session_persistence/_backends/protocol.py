@@ -8,7 +8,7 @@ belongs in worker threads (``anyio.to_thread.run_sync``), one durable step per c
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -36,6 +36,7 @@ __all__ = [
     "SupportsRawArtifacts",
     "SupportsRewrite",
     "SupportsSeek",
+    "SupportsSubmitAppend",
     "SupportsWriterLease",
     "WriterLease",
 ]
@@ -279,6 +280,28 @@ class SupportsRawArtifacts(Protocol):
     supports_raw_artifacts: bool
 
     async def read_raw(self, session_id: str) -> RawArtifact | None: ...
+
+
+@runtime_checkable
+class SupportsSubmitAppend(Protocol):
+    """``append_batch`` without an ``await``: start the durable append now, report its end through a callback.
+
+    The coordinator's live path commits through this primitive when a backend has it, so a durable commit costs no
+    task, cancel scope or worker-thread round trip on the event loop: the backend hands the step to a writer of its
+    own (a long-lived thread, a connection's pipeline) and calls ``done(error)`` exactly once when the step has
+    ended, from any thread (``None``: durable, with the same meaning as ``append_batch`` returning; otherwise what
+    ``append_batch`` would have raised). ``submit_append_batch`` itself either raises before anything is started
+    (then ``done`` is never called) or returns at once; it never blocks, and a started step runs to its end
+    whatever happens to the caller. ``append_batch`` stays the primitive for every other caller.
+    """
+
+    def submit_append_batch(
+        self,
+        storage: StorageMetadata,
+        events: Sequence[SessionEvent],
+        is_materialized: bool,
+        done: Callable[[BaseException | None], None],
+    ) -> None: ...
 
 
 @runtime_checkable

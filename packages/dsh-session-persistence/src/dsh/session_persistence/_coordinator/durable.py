@@ -47,7 +47,7 @@ from .state import CoordinatorCore, PendingWrite, SessionState
 if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["DurableWrites", "Verdict", "is_refusal", "storage_error"]
+__all__ = ["DurableWrites", "Verdict", "is_refusal", "storage_error", "succeeded"]
 
 _logger = logging.getLogger("dsh.session_persistence")
 
@@ -128,6 +128,14 @@ def _compare(session_id: str, pending: PendingWrite, events: Sequence[SessionEve
     if len(tail) == len(pending.events):
         return Verdict.ACKNOWLEDGED
     return Verdict.ABSENT if not tail else Verdict.PARTIAL
+
+
+def succeeded(state: SessionState, pending: PendingWrite) -> None:
+    """Record that ``pending``'s primitive returned: durable, nothing in doubt."""
+    state.doubt = None
+    state.settled = ()
+    state.materialized = True
+    state.cursor = len(pending.events) if pending.replaced else pending.start + len(pending.events)
 
 
 def _apply(state: SessionState, pending: PendingWrite, verdict: Verdict, stored_length: int) -> None:
@@ -259,26 +267,30 @@ class DurableWrites:
             try:
                 await primitive(*args)
             except Exception as exc:
-                if is_refusal(exc):
-                    raise
-                verdict = await self._settle(session_id, state, pending)
-                if verdict is Verdict.ACKNOWLEDGED:
-                    _logger.warning(
-                        '%s: %s for session "%s" failed after reaching storage; read back and acknowledged: %s',
-                        self.core.name,
-                        pending.action,
-                        session_id,
-                        exc,
-                    )
-                    return
-                note = ""
-                if verdict is Verdict.PARTIAL:
-                    note = f" (events before seq {state.cursor} were stored and are acknowledged; the rest was not)"
-                raise storage_error(self.core.name, pending.action, session_id, exc, note) from exc
-            state.doubt = None
-            state.settled = ()
-            state.materialized = True
-            state.cursor = len(pending.events) if pending.replaced else pending.start + len(pending.events)
+                await self.settle_failed(session_id, state, pending, exc)
+                return
+            succeeded(state, pending)
+
+    async def settle_failed(self, session_id: str, state: SessionState, pending: PendingWrite, exc: Exception) -> None:
+        """After ``pending``'s primitive raised ``exc``: a refusal is raised as it is; anything else may have reached
+        storage and is read back: acknowledged (return), or raised as a storage error naming what was kept.
+        Call it shielded."""
+        if is_refusal(exc):
+            raise exc
+        verdict = await self._settle(session_id, state, pending)
+        if verdict is Verdict.ACKNOWLEDGED:
+            _logger.warning(
+                '%s: %s for session "%s" failed after reaching storage; read back and acknowledged: %s',
+                self.core.name,
+                pending.action,
+                session_id,
+                exc,
+            )
+            return
+        note = ""
+        if verdict is Verdict.PARTIAL:
+            note = f" (events before seq {state.cursor} were stored and are acknowledged; the rest was not)"
+        raise storage_error(self.core.name, pending.action, session_id, exc, note) from exc
 
     async def append(self, session_id: str, state: SessionState, batch: Sequence[SessionEvent]) -> None:
         """Contiguity, the inherited-prefix gate, the lease, then one durable ``append_batch``. Runs serialized.

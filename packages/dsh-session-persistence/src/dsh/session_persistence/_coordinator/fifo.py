@@ -15,6 +15,7 @@ from contextlib import suppress
 from typing import TypeVar
 
 import anyio
+import anyio.lowlevel
 
 __all__ = ["FifoChains", "Ticket"]
 
@@ -22,12 +23,33 @@ T = TypeVar("T")
 
 
 class Ticket:
-    """One caller's place in an id's chain; ``done`` is set when it leaves (finished or cancelled)."""
+    """One caller's place in an id's chain; :meth:`wait` returns once it has left (finished or cancelled).
 
-    __slots__ = ("done",)
+    The event a follower waits on is made only when one does: most tickets (a live commit's) are never waited on.
+    """
+
+    __slots__ = ("_event", "left")
 
     def __init__(self) -> None:
-        self.done = anyio.Event()
+        self.left = False
+        self._event: anyio.Event | None = None
+
+    def leave(self) -> None:
+        """Mark the ticket as gone and wake whoever waits for it (idempotent)."""
+        self.left = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    async def wait(self) -> None:
+        """Wait until the ticket has left the queue."""
+        if self.left:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self._event
+        if event is None:
+            event = self._event = anyio.Event()
+        await event.wait()
 
 
 class FifoChains:
@@ -50,7 +72,7 @@ class FifoChains:
                 queue.remove(ticket)
             if not queue:
                 del self.queues[session_id]
-        ticket.done.set()
+        ticket.leave()
 
     async def run(self, session_id: str, func: Callable[[], Awaitable[T]], ticket: Ticket | None = None) -> T:
         """Run ``func`` once every earlier ticket of ``session_id`` has left the queue, then leave it."""
@@ -62,7 +84,7 @@ class FifoChains:
                 index = queue.index(ticket)
                 if index == 0:
                     break
-                await queue[index - 1].done.wait()
+                await queue[index - 1].wait()
             return await func()
         finally:
             self.release(session_id, ticket)
@@ -71,5 +93,5 @@ class FifoChains:
         """Wait for the last ticket of some queue to leave; ``False`` when no queue is left."""
         if not self.queues:
             return False
-        await next(iter(self.queues.values()))[-1].done.wait()
+        await next(iter(self.queues.values()))[-1].wait()
         return True

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from anyio.lowlevel import checkpoint_if_cancelled
 from msgspec import UNSET
 
 from .._backends.protocol import StorageMetadata
@@ -39,6 +38,7 @@ from .._model.views import SessionInspection
 from .._wire.stored_log import same_events, validate_stored
 from .scheduling import Scheduler
 from .state import CoordinatorCore, Outcome, SessionState
+from .submitted import submit_live_append
 from .write_behind import WriteBehindController
 
 __all__ = ["Live", "LivePath", "live_view"]
@@ -94,6 +94,19 @@ class LiveSink:
             await self.init.wait()
         await self.path.core.chains.run(self.session.id, partial(self.path.write_live, self.session, batch))
 
+    def submit_batch(self, batch: builtins.list[SessionEvent], done: Callable[[BaseException | None], None]) -> bool:
+        """The commit without a task (:func:`.submitted.submit_live_append`) once the Session is bound and owns its
+        state; ``False`` sends the batch down :meth:`write_batch` (initialization pending, anything unusual)."""
+        init = self.init
+        if not init.done.is_set() or init.error is not None:
+            return False
+        session = self.session
+        core = self.path.core
+        state = core.states.get(session.id)
+        if state is None or state.owner is not session:
+            return False
+        return submit_live_append(core, session.id, state, batch, done)
+
     def background_failed(self, error: BaseException) -> None:
         _logger.warning(
             '%s: background write for session "%s" failed (buffered events retained): %s',
@@ -146,6 +159,7 @@ class LivePath:
             spawn=self.spawn,
             max_delay_ms=self.delay_ms,
             held=True,  # until initialization knows the stored length and hands over the unwritten seed
+            signal=None if core.port is None else core.port.signal,
         )
         live_entry = Live(init=init, writes=controller)
         self.live[session] = live_entry
@@ -281,9 +295,6 @@ class LivePath:
             except BaseException:
                 live.writes.cancel_automatic_wait()
                 raise
-        else:
-            # No suspension on this path when nothing is pending, but a cancelled caller still stops here.
-            await checkpoint_if_cancelled()
         await live.writes.flush()
 
     async def load_live(self, session: Session) -> SessionInspection:

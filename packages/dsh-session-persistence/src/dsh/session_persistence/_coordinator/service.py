@@ -56,6 +56,7 @@ from .live_path import LivePath, live_view
 from .retirement import Retirement
 from .scheduling import Scheduler, TaskGroupScheduler
 from .state import CoordinatorCore, SessionState
+from .waits import CompletionPort
 from .write_behind import DEFAULT_MAX_DELAY_MS, MAX_DELAY_MS_LIMIT
 
 __all__ = ["PersistenceCoordinator"]
@@ -162,6 +163,7 @@ class PersistenceCoordinator:
         self._stack = stack
         tg = self._tg
         self._core.spawn = lambda job: tg.start_soon(job)  # durable writes run here: a caller can leave at its deadline
+        self._core.port = CompletionPort()  # the running loop's: backend writers report commits through it
         if self._livepath.scheduler is None:
             self._livepath.scheduler = TaskGroupScheduler(self._spawn)
         self._host.register(self._hooks, name=f"dsh-session-persistence-{id(self):x}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import anyio
 
@@ -37,6 +37,7 @@ from .._backends.protocol import (
     SupportsRewrite,
     SupportsSeek,
     SupportsStreamingRead,
+    SupportsSubmitAppend,
     SupportsWriterLease,
     WriterLease,
 )
@@ -45,6 +46,7 @@ from .._model.events import SessionEvent
 from .._model.header import SessionHeader
 from .fifo import FifoChains
 from .preparations import PreparationCache
+from .waits import CompletionPort
 
 __all__ = [
     "Capabilities",
@@ -75,6 +77,8 @@ class Capabilities:
     read_raw: Callable[[str], Awaitable[RawArtifact | None]] | None
     aclose: Callable[[], Awaitable[None]] | None
     acquire_writer_lease: Callable[[SessionHeader], Awaitable[WriterLease]] | None
+    #: ``append_batch`` started without an await, its end reported through a callback (the live commit path).
+    submit_append: Callable[..., None] | None = None
 
     @classmethod
     def of(cls, backend: SessionBackend) -> Capabilities:
@@ -89,7 +93,23 @@ class Capabilities:
             read_raw=raw,
             aclose=backend.aclose if isinstance(backend, SupportsAclose) else None,
             acquire_writer_lease=(backend.acquire_writer_lease if isinstance(backend, SupportsWriterLease) else None),
+            submit_append=backend.submit_append_batch if _submits_its_own_append(backend) else None,
         )
+
+
+def _submits_its_own_append(backend: SessionBackend) -> TypeGuard[SupportsSubmitAppend]:
+    """Whether ``backend``'s ``submit_append_batch`` is the same append as its ``append_batch``.
+
+    A subclass or wrapper that changes ``append_batch`` (a fault injector, a metrics layer) but not the submit
+    primitive must not be bypassed by the live commit: the submit counts only where the class that defines it is the
+    one that defines ``append_batch``, or a subclass of it (not an attribute forwarded by ``__getattr__``).
+    """
+    if not isinstance(backend, SupportsSubmitAppend):
+        return False
+    mro = type(backend).__mro__
+    submitter = next((cls for cls in mro if "submit_append_batch" in vars(cls)), None)
+    appender = next((cls for cls in mro if "append_batch" in vars(cls)), None)
+    return submitter is not None and appender is not None and issubclass(submitter, appender)
 
 
 Acquire = Callable[[SessionHeader], Awaitable[WriterLease]]
@@ -236,6 +256,10 @@ class Writes(Protocol):
 
     async def settle_doubt(self, session_id: str, state: SessionState) -> None: ...
 
+    async def settle_failed(
+        self, session_id: str, state: SessionState, pending: PendingWrite, exc: Exception
+    ) -> None: ...
+
     async def append(self, session_id: str, state: SessionState, batch: Sequence[SessionEvent]) -> None: ...
 
     async def append_settled(
@@ -284,6 +308,8 @@ class CoordinatorCore:
         self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
         #: Durable writes still running (a caller left at its deadline): the coordinator closes after them.
         self.running_writes: set[anyio.Event] = set()
+        #: The running loop's completion port (set once the coordinator runs): backend threads report through it.
+        self.port: CompletionPort | None = None
         #: The durable writes, built last: they read the core's backend, capabilities and leases.
         self.writes = writes(self)
 

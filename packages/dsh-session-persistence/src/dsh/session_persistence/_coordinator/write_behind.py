@@ -9,19 +9,25 @@ newer ones), is reported once, and pauses automatic retry until a new event or a
 A controller may start *held* (its session is not bound to storage yet): no write starts until
 :meth:`WriteBehindController.release`, which may hand it a backlog of events the sink must write first.
 
-Background writes and the barrier drain run as tasks spawned into a task group owned by the caller
-(the coordinator), so a flush caller that is cancelled abandons only its own wait.
+Driven by completions: a write is started (through the sink's ``submit_batch`` where it has one, else as a task in
+the owner's task group) and its end arrives as a call of :meth:`WriteBehindController._written`, which starts the
+next write or completes the barrier. A flush caller parks on the barrier's one :class:`~.waits.Signal`; no task,
+cancel scope or event is made per barrier or per batch on the submit path, and a cancelled flush caller abandons
+only its own wait (the writes go on).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Generic, Protocol, TypeVar
 
 import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
 
 from .scheduling import Scheduler, Spawn, TimerHandle
+from .waits import Signal, current_library
 
 __all__ = [
     "DEFAULT_MAX_DELAY_MS",
@@ -54,40 +60,29 @@ def _identity(event: E) -> E:
 
 
 class _Write(Generic[E]):
-    """One in-flight write: the batch it took and a completion signal for the barrier to wait on."""
+    """One in-flight write: the batch it took, and whether a barrier or the window started it."""
 
-    __slots__ = ("batch", "settled")
+    __slots__ = ("background", "batch")
 
-    def __init__(self, batch: list[E]) -> None:
+    def __init__(self, batch: list[E], background: bool) -> None:
         self.batch = batch
-        self.settled = anyio.Event()
-
-
-class _Barrier:
-    """Shared flush completion: every joined caller waits on one drain and sees one outcome."""
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.error: BaseException | None = None
-
-    def close(self, error: BaseException | None) -> None:
-        self.error = error
-        self.done.set()
-
-    async def wait(self) -> None:
-        await self.done.wait()
-        if self.error is not None:
-            raise self.error
+        self.background = background
 
 
 class BatchSink(Protocol[E]):
-    """Where a controller's batches go: the durable write, and who hears of a failed background write."""
+    """Where a controller's batches go: the durable write, and who hears of a failed background write.
+
+    A sink may also have ``submit_batch(batch, done) -> bool``: start the write without an await and call
+    ``done(error)`` once, later, on the loop's thread (never inside ``submit_batch``); ``False`` means nothing was
+    started and the controller runs ``write_batch`` in a task instead. With it, a commit costs the controller no task.
+    """
 
     async def write_batch(self, batch: list[E]) -> None: ...
 
     def background_failed(self, error: BaseException) -> None: ...
+
+
+Submit = Callable[[list[E], Callable[[BaseException | None], None]], bool]
 
 
 class WriteBehindController(Generic[E]):
@@ -98,12 +93,15 @@ class WriteBehindController(Generic[E]):
         write (never for a barrier write, whose error goes to the flush callers instead).
     :param scheduler: clock and timers (:class:`~._scheduling.TaskGroupScheduler` in production,
         :class:`~._scheduling.ManualScheduler` in tests).
-    :param spawn: starts a background task in a task group the caller owns (``tg.start_soon``).
+    :param spawn: starts a background task in a task group the caller owns (``tg.start_soon``): used only for a
+        write the sink cannot submit.
     :param max_delay_ms: the fixed window, an integer in ``1..2147483647`` (default 200).
     :param copy: snapshot taken of each event at enqueue time; identity by default because the
         session's events are immutable structs.
     :param held: start held: events are admitted (and windows armed) but no write starts, and a flush
         waits, until :meth:`release`.
+    :param signal: makes the barrier's one-shot signal (the coordinator's completion port's ``signal``; by
+        default, one for the library running the first barrier).
     """
 
     def __init__(
@@ -115,19 +113,22 @@ class WriteBehindController(Generic[E]):
         max_delay_ms: int = DEFAULT_MAX_DELAY_MS,
         copy: Callable[[E], E] = _identity,
         held: bool = False,
+        signal: Callable[[], Signal] | None = None,
     ) -> None:
         if type(max_delay_ms) is not int or not 1 <= max_delay_ms <= MAX_DELAY_MS_LIMIT:
             raise TypeError(f"max_delay_ms must be an integer between 1 and {MAX_DELAY_MS_LIMIT}")
         self._sink = sink
+        self._submit: Submit[E] | None = getattr(sink, "submit_batch", None)
         self._scheduler = scheduler
         self._spawn = spawn
         self._max_delay_ms = max_delay_ms
         self._copy = copy
+        self._signal = signal
 
         self._pending: list[E] = []
         self._timer: TimerHandle | None = None
         self._active: _Write[E] | None = None
-        self._barrier: _Barrier | None = None
+        self._barrier: Signal | None = None
         self._deadline_expired = False
         self._automatic_paused = False
         self._held = held
@@ -174,8 +175,8 @@ class WriteBehindController(Generic[E]):
 
     def enqueue(self, event: E) -> None:
         """Admit one event. Synchronous and non-blocking; never raises a write error."""
-        was_empty = not self._pending
-        self._pending.append(self._copy(event))
+        pending = self._pending
+        pending.append(self._copy(event))
         if self._barrier is not None:
             # The running barrier drains everything admitted before it observes emptiness.
             return
@@ -184,7 +185,7 @@ class WriteBehindController(Generic[E]):
             self._deadline_expired = False
             self._cancel_timer()
             self._arm()
-        elif was_empty:
+        elif len(pending) == 1:
             # Fixed window: only the first pending event arms it; later ones join it without reset.
             self._arm()
 
@@ -205,7 +206,7 @@ class WriteBehindController(Generic[E]):
         if waiter is not None:
             waiter.set()
         if self._pending and self._active is None and self._barrier is None and (backlog or self._deadline_expired):
-            self._start_background_write()
+            self._start(background=True)
 
     def cancel_automatic_wait(self) -> None:
         """Disarm the window and forget an expired deadline (does not unpause, does not drain)."""
@@ -215,11 +216,10 @@ class WriteBehindController(Generic[E]):
     async def flush(self) -> None:
         """Quiescence barrier: return once nothing is pending and no write is active.
 
-        Concurrent callers join one drain and share its outcome. Events enqueued during the drain are
-        written by it too. A failing barrier write is raised to every joined caller (and not
-        reported); its batch stays pending and automatic retry stays paused. Cancelling a caller
-        abandons only that caller's wait: the drain itself runs in the owner's task group. A held
-        controller first waits for :meth:`release` (its backlog goes first).
+        Concurrent callers join one barrier and share its outcome. Events enqueued meanwhile are written by it
+        too. A failing barrier write is raised to every joined caller (and not reported); its batch stays
+        pending and automatic retry stays paused. Cancelling a caller abandons only that caller's wait: the
+        writes are not the caller's. A held controller first waits for :meth:`release` (its backlog goes first).
         """
         if self._held:
             if self._released is None:
@@ -233,17 +233,23 @@ class WriteBehindController(Generic[E]):
             if self._active is None and not self._pending:
                 # Nothing to drain: complete without opening a barrier, so an event enqueued right
                 # after starts its own automatic window instead of waiting behind a finished barrier.
+                # No suspension on this path, but a cancelled caller still stops here.
+                await checkpoint_if_cancelled()
                 return
-            barrier = _Barrier()
-            self._barrier = barrier
-            try:
-                self._spawn(lambda: self._drain(barrier))
-            except BaseException:
-                self._barrier = None
-                raise
+            barrier = self._barrier = self._new_signal()
+            if self._active is None:
+                # Otherwise the in-flight write's completion continues the drain.
+                self._start(background=False)
         await barrier.wait()
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _new_signal(self) -> Signal:
+        make = self._signal
+        if make is None:
+            library = current_library()
+            make = self._signal = lambda: Signal(library)
+        return make()
 
     def _arm(self) -> None:
         self._timer = self._scheduler.call_later(self._max_delay_ms, self._deadline_fired)
@@ -259,25 +265,93 @@ class WriteBehindController(Generic[E]):
         if self._barrier is not None or not self._pending:
             # Defensive: a barrier cancels the window when it starts and never re-arms it.
             return
-        if self._held:
-            # The write starts at release, after the backlog is in front.
-            self._deadline_expired = True
-            return
-        if self._active is not None:
-            # The follow-up starts the moment the active write succeeds.
+        if self._held or self._active is not None:
+            # Held: the write starts at release, after the backlog is in front. Active: the follow-up
+            # starts the moment the active write succeeds.
             self._deadline_expired = True
         else:
-            self._start_background_write()
+            self._start(background=True)
 
-    def _take_batch(self) -> _Write[E]:
-        """Start-write bookkeeping shared by background and barrier writes (all synchronous)."""
+    def _start(self, *, background: bool) -> None:
+        """Take every pending event into one write and start it (through the sink's submit, else a task)."""
         batch = self._pending
         self._pending = []
         self._cancel_timer()
         self._deadline_expired = False
-        write = _Write(batch)
+        write = _Write(batch, background)
         self._active = write
-        return write
+        submit = self._submit
+        if submit is not None and submit(batch, partial(self._written, write)):
+            return
+        try:
+            self._spawn(partial(self._run_in_task, write))
+        except BaseException as exc:
+            # Could not even start (the owner's task group is closed): keep the events, and pause
+            # so that the next event arms a fresh window rather than joining a window that is gone.
+            self._active = None
+            self._fail(write)
+            barrier = self._barrier
+            if barrier is not None:
+                self._barrier = None
+                barrier.set(WriteBehindAbandonedError(f"write-behind flush could not start its write: {exc!r}"))
+            raise
+
+    async def _run_in_task(self, write: _Write[E]) -> None:
+        try:
+            await self._sink.write_batch(write.batch)
+        except Exception as exc:
+            self._written(write, exc)
+        except BaseException:
+            # Cancellation (owner shutting down) or an interpreter-level exit: the batch is not known
+            # to be durable, so keep it; pause so a later event arms a fresh window. Never reported,
+            # never converted into an error; joined flush callers are released, not stranded.
+            self._abandoned(write)
+            raise
+        else:
+            self._written(write, None)
+
+    def _written(self, write: _Write[E], error: BaseException | None) -> None:
+        """A write ended (on the loop's thread): account for it and start what comes next."""
+        if self._active is not write:
+            return  # defensive: a write is completed once
+        self._active = None
+        barrier = self._barrier
+        if error is not None:
+            self._fail(write)
+            if write.background:
+                # A background failure is reported once; a barrier that joined meanwhile retries the batch.
+                self._report_failure(error)
+                if barrier is None:
+                    return
+                self._automatic_paused = False
+            else:
+                assert barrier is not None
+                self._barrier = None
+                barrier.set(error)
+                return
+        if barrier is not None:
+            if self._pending:
+                self._start(background=False)
+            else:
+                # Close in the same step that observes emptiness: nothing can slip in between.
+                self._barrier = None
+                barrier.set()
+        elif self._pending and self._deadline_expired:
+            self._start(background=True)
+        # Otherwise a non-empty pending list already has its own (unexpired) window armed.
+
+    def _abandoned(self, write: _Write[E]) -> None:
+        if self._active is write:
+            self._active = None
+        self._restore(write)
+        if self._pending:
+            self._cancel_timer()
+            self._deadline_expired = False
+            self._automatic_paused = True
+        barrier = self._barrier
+        if barrier is not None:
+            self._barrier = None
+            barrier.set(WriteBehindAbandonedError("write-behind flush was abandoned: its write was cancelled"))
 
     def _restore(self, write: _Write[E]) -> None:
         """Put a batch that did not become durable back in front of newer events, order preserved."""
@@ -292,90 +366,9 @@ class WriteBehindController(Generic[E]):
         self._deadline_expired = False
         self._automatic_paused = True
 
-    def _start_background_write(self) -> None:
-        write = self._take_batch()
-        try:
-            self._spawn(lambda: self._run_background(write))
-        except BaseException:
-            # Could not even start (the owner's task group is closed): keep the events, and pause
-            # so that the next event arms a fresh window rather than joining a window that is gone.
-            self._active = None
-            self._fail(write)
-            write.settled.set()
-            raise
-
-    async def _run_background(self, write: _Write[E]) -> None:
-        try:
-            await self._sink.write_batch(write.batch)
-        except Exception as exc:
-            self._active = None
-            self._fail(write)
-            self._report_failure(exc)
-        except BaseException:
-            # Cancellation (owner shutting down) or an interpreter-level exit: the batch is not known
-            # to be durable, so keep it; pause so a later event arms a fresh window. Never reported,
-            # never converted into an error.
-            self._active = None
-            self._fail(write)
-            raise
-        else:
-            self._active = None
-            if self._barrier is None and self._pending and self._deadline_expired:
-                self._deadline_expired = False
-                self._start_background_write()
-            # Otherwise a non-empty pending list already has its own (unexpired) window armed.
-        finally:
-            write.settled.set()
-
-    def _report_failure(self, exc: Exception) -> None:
+    def _report_failure(self, exc: BaseException) -> None:
         try:
             self._sink.background_failed(exc)
         except Exception:
             # The reporter is a logging hook; if it breaks, do not take the owner's task group down.
             _logger.exception("write-behind failure reporter raised while reporting %r", exc)
-
-    async def _drain(self, barrier: _Barrier) -> None:
-        write: _Write[E] | None = None
-        try:
-            active = self._active
-            if active is not None:
-                # Step 1: let the in-flight write settle; its error is not ours (a background failure
-                # was already reported and its batch put back, so this drain retries it).
-                await active.settled.wait()
-                self._automatic_paused = False
-            while True:
-                if not self._pending:
-                    # Close in the same step that observes emptiness: nothing can slip in between.
-                    self._barrier = None
-                    barrier.close(None)
-                    return
-                write = self._take_batch()
-                try:
-                    await self._sink.write_batch(write.batch)
-                except Exception as exc:
-                    self._active = None
-                    self._fail(write)
-                    write.settled.set()
-                    write = None
-                    self._barrier = None
-                    barrier.close(exc)
-                    return
-                self._active = None
-                write.settled.set()
-                write = None
-        except BaseException:
-            # Cancelled by the owner's task group (or an interpreter exit). Keep unconfirmed events,
-            # pause (the next event re-arms), and release joined callers rather than stranding them.
-            if write is not None:
-                self._active = None
-                self._restore(write)
-                write.settled.set()
-            if self._pending:
-                self._cancel_timer()
-                self._deadline_expired = False
-                self._automatic_paused = True
-            if self._barrier is barrier:
-                self._barrier = None
-            if not barrier.done.is_set():
-                barrier.close(WriteBehindAbandonedError("write-behind flush was abandoned: its drain was cancelled"))
-            raise

@@ -126,6 +126,9 @@ class Host:
         self._registration_index: dict[str, int] = {}
         self._sessions: SessionStore | None = None
         self._distributions: list[tuple[object, PluginDistribution]] = []
+        # Per notification hook, its implementations in call order (function, argument names, plugin name): built
+        # on first use and dropped by every (un)registration, so a per-event hook call copies no pluggy list.
+        self._isolated: dict[str, tuple[tuple[Callable[..., object], tuple[str, ...], str], ...]] = {}
 
     @property
     def plugin_manager(self) -> pluggy.PluginManager:
@@ -142,6 +145,7 @@ class Host:
         one fails here. On a violation the plugin is unregistered again (the registry is left as it was) and
         ``pluggy.PluginValidationError`` is raised.
         """
+        self._isolated.clear()
         plugin_name = self._pm.register(plugin, name)
         if plugin_name is None:
             return None
@@ -155,6 +159,7 @@ class Host:
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any | None:
         """Unregister a plugin (by object or by name) and all its hook implementations; returns the plugin."""
+        self._isolated.clear()
         return self._pm.unregister(plugin, name)
 
     def is_registered(self, plugin: object) -> bool:
@@ -456,13 +461,18 @@ class Host:
     # ---------------------------------------------------------------------------------------------
 
     def _call_isolated(self, hook_name: str, kwargs: Mapping[str, object], what: str | Callable[[], str]) -> None:
-        caller: pluggy.HookCaller = getattr(self._pm.hook, hook_name)
-        # get_hookimpls() is in reverse call order; walk it backwards to keep pluggy's call order
-        # (last registered first, tryfirst/trylast honoured), as ``pm.hook.<name>()`` would.
-        for impl in reversed(caller.get_hookimpls()):
+        impls = self._isolated.get(hook_name)
+        if impls is None:
+            caller: pluggy.HookCaller = getattr(self._pm.hook, hook_name)
+            # get_hookimpls() is in reverse call order; walk it backwards to keep pluggy's call order
+            # (last registered first, tryfirst/trylast honoured), as ``pm.hook.<name>()`` would.
+            impls = self._isolated[hook_name] = tuple(
+                (impl.function, tuple(impl.argnames), impl.plugin_name) for impl in reversed(caller.get_hookimpls())
+            )
+        for function, argnames, plugin_name in impls:
             try:
                 # _invoke inlined (this runs per appended event).
-                result = impl.function(*[kwargs[name] for name in impl.argnames])
+                result = function(*[kwargs[name] for name in argnames])
             except Exception as exc:
                 if not isinstance(what, str):
                     what = what()
@@ -479,5 +489,5 @@ class Host:
                 _logger.error(
                     "%s listener returned an awaitable (plugin %r); the hook is synchronous, it was closed unawaited",
                     what,
-                    impl.plugin_name,
+                    plugin_name,
                 )

@@ -18,6 +18,7 @@ from ._crash_states import CrashStateReport, Recording, check_crash_states, reco
 from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace
 from ._faults import FaultInjectingBackend, InjectedFault
 from ._hypothesis import use_noisy_machine_profile
+from ._ledger import CostLedger
 from ._logs import (
     OTHER,
     WORK,
@@ -90,6 +91,7 @@ __all__ = [
     "BackendFactory",
     "ConformanceRig",
     "ControlledMemoryBackend",
+    "CostLedger",
     "CrashBackend",
     "CrashState",
     "CrashStateConformance",
