@@ -41,12 +41,12 @@ async def test_an_async_check_is_awaited_and_a_tool_without_one_offers_none() ->
         await anyio.lowlevel.checkpoint()
         return Reconciliation.did_not_happen(f"no entry for {call_id}")
 
-    check_fn = reconciler_of(FunctionTool("pay", pay, check=check))
+    check_fn = reconciler_of(FunctionTool("pay", pay, with_call_id=True, check=check))
     assert check_fn is not None
     assert await run_check(check_fn, CALL, 5) == Reconciliation("not-happened", None, "no entry for call-7")
     assert reconciler_of(FunctionTool("pay", pay)) is None
     with pytest.raises(TypeError, match="check must be callable"):
-        FunctionTool("pay", pay, check="yes")  # type: ignore[arg-type]
+        FunctionTool("pay", pay, with_call_id=True, check="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ async def test_a_sync_check_that_blocks_is_abandoned_at_its_bound() -> None:
         release.wait(30)  # a lookup that hangs; the loop must not
         return Reconciliation.happened("late")
 
-    check_fn = reconciler_of(FunctionTool("pay", pay, check=check))
+    check_fn = reconciler_of(FunctionTool("pay", pay, with_call_id=True, check=check))
     assert check_fn is not None
     try:
         finding = await run_check(check_fn, CALL, 0.05)

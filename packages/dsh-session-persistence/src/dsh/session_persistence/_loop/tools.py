@@ -17,6 +17,7 @@ import anyio
 import anyio.to_thread
 
 from .._host.boundaries import ToolExecutionResult
+from .._model.errors import ToolDefinitionError
 from .._model.jsonvalue import NotLosslessJsonError, snapshot_json
 
 if TYPE_CHECKING:
@@ -63,6 +64,22 @@ def tool_spec(tool: object) -> dict[str, Any]:
     return {"name": name, "description": description, "parameters": schema}
 
 
+def _require_call_id(name: str, what: str, fn: Callable[..., Any]) -> None:
+    """Refuse ``fn`` if it cannot be called with a ``call_id=`` keyword (``**kwargs`` takes it too)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return  # no signature to read (some builtins): the call itself will tell
+    for param in params:
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            return
+        if param.name == "call_id" and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+            return
+    raise ToolDefinitionError(
+        f"tool {name!r}: the {what} is called with call_id=..., but {fn!r} has no call_id parameter"
+    )
+
+
 @dataclass(eq=False)
 class FunctionTool:
     """A tool whose body is a plain function called with the model's arguments as keywords.
@@ -73,8 +90,9 @@ class FunctionTool:
 
     Side effects: set ``with_call_id=True`` and the body also receives ``call_id=``, the model's id of this call,
     stable across a crash: use it as the idempotency key of the effect (the key a payment provider deduplicates
-    on, the name of the row or file the effect creates). Then give ``check``, a function (sync or async) called
-    as ``check(**arguments, call_id=...)`` that looks the effect up by that key and returns a
+    on, the name of the row or file the effect creates). Then give ``check`` (which requires ``with_call_id=True``;
+    both functions must take a ``call_id`` parameter, else :class:`ToolDefinitionError` when the tool is built),
+    a function (sync or async) called as ``check(**arguments, call_id=...)`` that looks the effect up by that key and returns a
     :class:`~dsh.session_persistence.loop.Reconciliation`: ``Reconciliation.happened(result)``,
     ``Reconciliation.did_not_happen()`` or ``Reconciliation.cannot_tell()``. After a crash left the call's outcome
     unknown, a resumed loop asks it (bounded in time; a sync check runs in a worker thread) and tells the model.
@@ -93,6 +111,17 @@ class FunctionTool:
         self._checked = tool_spec(self)
         if self.check is not None and not callable(self.check):
             raise TypeError(f"tool {self.name!r}: check must be callable, got {type(self.check).__name__}")
+        if self.check is not None and not self.with_call_id:
+            # The check looks the effect up by the call id; a body that never receives it cannot record the effect
+            # under it, so the check would report "did not happen" for an effect that did.
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: a check finds the tool's effect by its call id, so the body must receive it: "
+                "pass with_call_id=True and record the effect under call_id"
+            )
+        if self.with_call_id:
+            _require_call_id(self.name, "function (with_call_id=True)", self.fn)
+        if self.check is not None:
+            _require_call_id(self.name, "check", self.check)
 
     @property
     def reconcile(self) -> Callable[[Any, str], Awaitable[Any]] | None:
