@@ -14,12 +14,14 @@ from .._model.errors import (
     LifecycleArgumentError,
     SessionDecryptError,
     SessionFormatUnsupportedError,
+    SessionIdError,
     SessionKeyError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
     SessionStorageError,
 )
+from .._model.ids import check_session_id
 from ._commands import cmd_export, cmd_plugins, cmd_show, cmd_stats
 from ._context import ROOT_ENV, KeySource, load_host, open_stack, parse_options, resolve_root, storage_message
 from ._errors import (
@@ -181,13 +183,10 @@ def _positive_int(text: str) -> int:
 
 def _session_id(text: str) -> str:
     """A session id argument: non-empty text (argv bytes that are not text arrive as lone surrogates)."""
-    if text == "":
-        raise argparse.ArgumentTypeError("a session id cannot be empty")
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError(f"a session id must be text, got {text!r}") from None
-    return text
+        return check_session_id(text)
+    except SessionIdError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _one_line(text: str) -> str:

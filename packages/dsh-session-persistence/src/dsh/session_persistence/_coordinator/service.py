@@ -45,6 +45,7 @@ from .._model.errors import (
 )
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
+from .._model.ids import check_session_id
 from .._model.jsonvalue import is_safe_int
 from .._model.views import SessionEventSuffix, SessionInspection
 from . import lifecycle as _lifecycle
@@ -241,6 +242,7 @@ class PersistenceCoordinator:
 
     async def read_raw(self, session_id: str) -> RawArtifact | None:
         """The stored artifact verbatim, ``None`` if supported but absent."""
+        check_session_id(session_id)
         await anyio.lowlevel.checkpoint_if_cancelled()
         read_raw = self._core.caps.read_raw
         if read_raw is None:
@@ -286,6 +288,7 @@ class PersistenceCoordinator:
     async def append(self, session_id: str, events: Sequence[SessionEvent | Mapping[str, Any]]) -> None:
         """Durably persist one contiguous batch; returns only once the backend made it durable."""
         self._require_open()
+        check_session_id(session_id)
         batch = snapshot_batch(events)
         core = self._core
 
@@ -304,6 +307,7 @@ class PersistenceCoordinator:
     async def load(self, session_id: str) -> SessionInspection:
         """A balanced view of the session; commits cold crash repair (under the writer lease)."""
         self._require_open()
+        check_session_id(session_id)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         core = self._core
@@ -324,6 +328,7 @@ class PersistenceCoordinator:
     async def inspect(self, session_id: str) -> SessionInspection:
         """A logical view that never writes: cold logs get in-memory closers, a live session its own events."""
         self._require_open()
+        check_session_id(session_id)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         core = self._core
@@ -340,6 +345,7 @@ class PersistenceCoordinator:
     async def read_from(self, session_id: str, from_seq: int) -> SessionEventSuffix:
         """The stored events with ``seq >= from_seq`` (storage only: no closers, no repair, no live events)."""
         self._require_open()
+        check_session_id(session_id)
         offset = check_offset(from_seq)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
@@ -356,6 +362,7 @@ class PersistenceCoordinator:
         ``SessionNotFoundError`` when the session is absent.
         """
         self._require_open()
+        check_session_id(session_id)
         offset = check_offset(from_seq)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)

@@ -34,6 +34,7 @@ from .._model.events import (
     UserMessage,
 )
 from .._model.header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
+from .._model.ids import check_session_id
 from .._model.jsonvalue import is_safe_int, snapshot_json
 from .._model.repair import has_open_turn
 from .._model.validator import TurnValidator, validate_turns
@@ -56,6 +57,7 @@ def wall_clock_ms() -> int:
 
 
 def _header_from(meta: SessionHeader | dict[str, Any] | None, session_id: str, clock: Clock) -> SessionHeader:
+    check_session_id(session_id)
     if meta is None:
         return SessionHeader(id=session_id, created_at=clock())
     obj = header_to_builtins(meta) if isinstance(meta, SessionHeader) else dict(meta)

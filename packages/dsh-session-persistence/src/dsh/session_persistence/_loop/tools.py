@@ -92,8 +92,8 @@ class FunctionTool:
     stable across a crash: use it as the idempotency key of the effect (the key a payment provider deduplicates
     on, the name of the row or file the effect creates). Then give ``check`` (which requires ``with_call_id=True``;
     both functions must take a ``call_id`` parameter, else :class:`ToolDefinitionError` when the tool is built),
-    a function (sync or async) called as ``check(**arguments, call_id=...)`` that looks the effect up by that key and returns a
-    :class:`~dsh.session_persistence.loop.Reconciliation`: ``Reconciliation.happened(result)``,
+    a function (sync or async) called as ``check(**arguments, call_id=...)`` that looks the effect up by that key
+    and returns a :class:`~dsh.session_persistence.loop.Reconciliation`: ``Reconciliation.happened(result)``,
     ``Reconciliation.did_not_happen()`` or ``Reconciliation.cannot_tell()``. After a crash left the call's outcome
     unknown, a resumed loop asks it (bounded in time; a sync check runs in a worker thread) and tells the model.
     """
