@@ -49,6 +49,7 @@ from ._host.specs import Agent
 from ._loop.front_door import BackendNotFoundError, Sessions, open_sessions
 from ._model.errors import (
     CheckpointPolicyMissingError,
+    EncryptionUnavailableError,
     EventValidationError,
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
@@ -114,6 +115,7 @@ __all__ = [
     "SessionAlreadyExistsError",
     "SessionChangedError",
     "SessionCursorError",
+    "EncryptionUnavailableError",
     "SessionDecryptError",
     "SessionDisposeError",
     "SessionEventSuffix",

@@ -49,6 +49,7 @@ from ._backends.protocol import (
 )
 from ._host.host import hookimpl
 from ._model.errors import (
+    EncryptionUnavailableError,
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
     SeqMismatchError,
@@ -126,6 +127,7 @@ __all__ = [
     "SessionChangedError",
     "SessionCursorError",
     "SessionIdError",
+    "EncryptionUnavailableError",
     "SessionDecryptError",
     "SessionEvent",
     "SessionFormatUnsupportedError",

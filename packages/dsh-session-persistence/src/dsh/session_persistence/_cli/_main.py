@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -11,6 +12,7 @@ from typing import NoReturn
 import anyio
 
 from .._model.errors import (
+    EncryptionUnavailableError,
     LifecycleArgumentError,
     SessionDecryptError,
     SessionFormatUnsupportedError,
@@ -33,8 +35,8 @@ from ._errors import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
-    KEY_HINT,
     CliError,
+    key_hint,
 )
 from ._io import Io
 from ._json_errors import error_code, wants_json, write_error_json
@@ -193,15 +195,17 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()) or "error"
 
 
-def _classify(exc: BaseException, root: str | None) -> CliError | None:
+def _classify(exc: BaseException, root: str | None, keys: KeySource | None) -> CliError | None:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        return _classify(exc.exceptions[0], root)
+        return _classify(exc.exceptions[0], root, keys)
     if isinstance(exc, CliError):
         return exc
     if isinstance(exc, SessionNotFoundError):
         return CliError(str(exc), EXIT_NOT_FOUND)
     if isinstance(exc, SessionKeyError):
-        return CliError(str(exc) + KEY_HINT, EXIT_KEY)
+        return CliError(str(exc) + key_hint(keys), EXIT_KEY)
+    if isinstance(exc, EncryptionUnavailableError):  # an installation problem: no key would help
+        return CliError(str(exc), EXIT_UNAVAILABLE)
     if isinstance(exc, SessionDecryptError):
         return CliError(str(exc), EXIT_KEY)
     if isinstance(exc, LifecycleArgumentError):
@@ -253,6 +257,7 @@ async def _dispatch(args: argparse.Namespace, io: Io) -> int:
 def run(argv: list[str] | None, io: Io) -> int:
     """Parse ``argv`` and run the command; returns the exit code (never raises for expected failures)."""
     root: str | None = None
+    keys: KeySource | None = None
     as_json = wants_json(argv)
     try:
         parser = build_parser()
@@ -265,6 +270,8 @@ def run(argv: list[str] | None, io: Io) -> int:
             return EXIT_USAGE
         root = args.root
         as_json = bool(getattr(args, "json", False))
+        with contextlib.suppress(CliError):  # both sources given: _dispatch reports that
+            keys = _key_source(args)
         return anyio.run(_dispatch, args, io, backend="asyncio")
     except KeyboardInterrupt:
         io.err.write(f"{PROG}: interrupted\n")
@@ -277,7 +284,7 @@ def run(argv: list[str] | None, io: Io) -> int:
     except BaseException as exc:
         if not isinstance(exc, Exception) and not isinstance(exc, BaseExceptionGroup):
             raise
-        error = _classify(exc, root)
+        error = _classify(exc, root, keys)
         if as_json:
             message = _one_line(str(error if error is not None else f"internal error: {type(exc).__name__}: {exc}"))
             write_error_json(io.out, error_code(error, exc), EXIT_INTERNAL if error is None else error.code, message)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "CheckpointPolicyMissingError",
+    "EncryptionUnavailableError",
     "EventValidationError",
     "IncompleteInheritedPrefixError",
     "LifecycleArgumentError",
@@ -124,6 +125,12 @@ class SessionKeyError(SessionPersistenceError):
     unreadable or malformed, the cipher library is not installed, or there is no current key to encrypt with.
 
     The message names the session and the batch (or the key source); it never shows key bytes.
+    """
+
+
+class EncryptionUnavailableError(SessionPersistenceError):
+    """Encrypted sessions were asked for, but the cipher package (``cryptography``, the ``[encryption]`` extra of
+    ``dsh-session-persistence``) is not installed. An installation problem, not a key problem: no key would help.
     """
 
 
