@@ -7,14 +7,16 @@ A tool offers the model three things: its ``name``, a ``description`` and a JSON
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.to_thread
 
 from .._host.boundaries import ToolExecutionResult
 from .._model.errors import ToolDefinitionError
@@ -64,6 +66,40 @@ def tool_spec(tool: object) -> dict[str, Any]:
     return {"name": name, "description": description, "parameters": schema}
 
 
+async def _run_in_daemon_thread(func: Callable[[], Any]) -> Any:
+    """``func()`` on a new daemon thread; the wait is cancellable and a cancelled wait abandons the thread.
+
+    Not anyio's worker threads nor the loop's default executor: the interpreter joins those at exit, so a sync
+    check that hangs past its bound would keep the process alive after everything else has finished. A daemon
+    thread is left behind instead (its eventual answer is dropped). The answer is handed back through the event
+    loop's own thread-safe entry (asyncio's ``call_soon_threadsafe``, trio's token).
+    """
+    done = anyio.Event()
+    box: list[Any] = []
+    wake: Callable[[Callable[[], object]], object]
+    try:
+        wake = asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:  # not asyncio: anyio's other backend
+        import trio
+
+        wake = trio.lowlevel.current_trio_token().run_sync_soon
+
+    def target() -> None:
+        try:
+            box.append((True, func()))
+        except BaseException as exc:  # handed to the waiter, raised there
+            box.append((False, exc))
+        with contextlib.suppress(Exception):  # the loop is gone: nobody waits any more
+            wake(done.set)
+
+    threading.Thread(target=target, name="dsh reconciliation check", daemon=True).start()
+    await done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 def _require_call_id(name: str, what: str, fn: Callable[..., Any]) -> None:
     """Refuse ``fn`` if it cannot be called with a ``call_id=`` keyword (``**kwargs`` takes it too)."""
     try:
@@ -95,7 +131,8 @@ class FunctionTool:
     a function (sync or async) called as ``check(**arguments, call_id=...)`` that looks the effect up by that key
     and returns a :class:`~dsh.session_persistence.loop.Reconciliation`: ``Reconciliation.happened(result)``,
     ``Reconciliation.did_not_happen()`` or ``Reconciliation.cannot_tell()``. After a crash left the call's outcome
-    unknown, a resumed loop asks it (bounded in time; a sync check runs in a worker thread) and tells the model.
+    unknown, a resumed loop asks it (bounded in time; a sync check runs on a daemon thread of its own, so one that
+    hangs cannot keep the process from exiting) and tells the model.
     """
 
     name: str
@@ -137,8 +174,8 @@ class FunctionTool:
         if inspect.iscoroutinefunction(check):
             return await check(**kwargs)
         # A blocking lookup (a database, an HTTP API) must not stall the event loop, and must be abandonable when it
-        # hangs: the caller's deadline then releases this wait.
-        return await anyio.to_thread.run_sync(lambda: check(**kwargs), abandon_on_cancel=True)
+        # hangs: the caller's deadline then releases this wait, and the thread cannot hold the process at exit.
+        return await _run_in_daemon_thread(lambda: check(**kwargs))
 
     async def run(self, arguments: Any, call_id: str, signal: CancelSignal) -> str | ToolExecutionResult:
         """Call the function with the arguments object as keywords (``TypeError`` if it is not an object)."""
