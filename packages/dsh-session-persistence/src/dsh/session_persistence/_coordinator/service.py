@@ -57,6 +57,7 @@ from .live_path import LivePath, live_view
 from .retirement import Retirement
 from .scheduling import Scheduler, TaskGroupScheduler
 from .state import CoordinatorCore, SessionState
+from .turn_rules import ColdTurnRules
 from .write_behind import DEFAULT_MAX_DELAY_MS, MAX_DELAY_MS_LIMIT
 
 __all__ = ["PersistenceCoordinator"]
@@ -101,6 +102,7 @@ class PersistenceCoordinator:
         self._livepath = LivePath(core, self._spawn, write_batch_max_delay_ms)
         self._livepath.scheduler = scheduler
         self._retirement = Retirement(core, self._livepath, self._spawn)
+        self._turn_rules = ColdTurnRules()
         self._hooks = SessionHooks(self, core, self._livepath, self._retirement)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
@@ -170,6 +172,7 @@ class PersistenceCoordinator:
         store = self._host.sessions
         if store is not None:
             for session in store.list():
+                session.enforce_turn_rules()  # as for a session created later (hooks.session_created)
                 self._livepath.ensure_live(session)
 
     async def aclose(self) -> None:
@@ -300,7 +303,12 @@ class PersistenceCoordinator:
                 # Adopt the stored log (committing any pending crash repair) under the writer lease.
                 await cold_commit(core, session_id, for_write=True)
                 state = core.states[session_id]
+            await core.writes.settle_doubt(session_id, state)  # the stored end the batch must continue is known
+            # A batch the loader would refuse is refused here (TurnInvariantError), before anything is written.
+            turns = await self._turn_rules.check(core, session_id, state, batch)
             await core.writes.append(session_id, state, batch)
+            if state.cursor == batch[-1].seq + 1:
+                self._turn_rules.keep(session_id, state, turns)
 
         await core.chains.run(session_id, run)
 
@@ -434,6 +442,7 @@ class PersistenceCoordinator:
             store = self._host.sessions
             if store is None or not store.is_live(session):
                 raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
+            session.enforce_turn_rules()
             live = self._livepath.ensure_live(session)
         await live.init.wait()
 
