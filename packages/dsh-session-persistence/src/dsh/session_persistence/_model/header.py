@@ -8,7 +8,6 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from .ids import check_session_id
 from .jsonvalue import NotLosslessJsonError, is_safe_int, snapshot_json
 
 __all__ = [
@@ -91,7 +90,8 @@ def header_from_builtins(obj: object, *, expected_id: str | None = None) -> Sess
     sid = data.get("id")
     if type(sid) is not str or (expected_id is not None and sid != expected_id):
         raise ValueError(f'session header id "{sid}" does not match session id "{expected_id or sid}"')
-    check_session_id(sid)
+    if not sid:
+        raise ValueError("session header id must be a non-empty string")
     created_at = data.get("createdAt")
     if not _non_negative_safe_int(created_at) or _is_negative_zero(created_at):
         raise ValueError("session header createdAt must be a non-negative safe integer")
