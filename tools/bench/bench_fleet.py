@@ -181,11 +181,11 @@ async def run_cell(system_name: str, loop: str, rate: Rate, n: int, seconds: flo
                     return  # a system that fell behind stops at the deadline too: its backlog is not served
                 await _sleep_until(when)
                 ev = steps[(index + step) % len(steps)]
-                system.append(handle, "step/start", {"turn": step + 1, "step": 1})
+                system.append(handle, "step/start", {"turn": 1, "step": step + 1})
                 await timed_barrier(handle)  # pre-step
                 system.append(handle, "user/message", ev["user"])
                 await timed_barrier(handle)  # before the model stream is pulled
-                base = {"turn": step + 1, "step": 1}
+                base = {"turn": 1, "step": step + 1}  # the steps of one long turn (the turn rules hold)
                 chunk_seqs = []
                 started = time.perf_counter()
                 for k, token in enumerate(ev["tokens"]):
@@ -210,6 +210,7 @@ async def run_cell(system_name: str, loop: str, rate: Rate, n: int, seconds: flo
             while t0 + ticks * rate.chunk_gap_s < deadline:
                 ticks += 1
             due += ticks // per_flush
+            system.append(handle, "step/start", {"turn": 1, "step": 1})  # the chunks' step (the turn rules hold)
             while True:
                 when = t0 + tick * rate.chunk_gap_s
                 if when >= deadline or time.perf_counter() >= deadline:

@@ -20,7 +20,7 @@ from dsh.session_adapter_openai.testing import (
     tool_call_reply,
     usage_chunk,
 )
-from dsh.session_persistence import Host, SessionStore, open_sessions
+from dsh.session_persistence import Host, SessionStore, ToolExecutionResult, open_sessions
 from dsh.session_persistence.events import (
     AssistantChunk,
     AssistantMessage,
@@ -120,6 +120,25 @@ async def test_streamed_tool_calls_run_and_go_back_as_tool_messages(server: Fake
         {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
         {"role": "tool", "tool_call_id": "call_b", "content": "cold"},
     ]
+
+
+async def test_text_blocks_of_one_result_stay_separate_in_the_tool_message(server: FakeChatServer) -> None:
+    # A reconciliation finding reaches the model as a text block before the tool's own result: glued together it
+    # read "...for the same purpose.sent 100 EUR". Each block ends where the model can see it end.
+    server.add(tool_call_reply([("call_a", "send", {"city": "Oslo"})]), text_reply("Done."))
+
+    def send(city: str) -> ToolExecutionResult:
+        blocks = ({"type": "text", "text": "Do not repeat it for the same purpose."}, {"type": "text", "text": "sent"})
+        return ToolExecutionResult(content=blocks)
+
+    async with adapter(server) as model:
+        _, result = await one_turn(model, "Send it.", [FunctionTool("send", send, "Send.", CITY)])
+    assert result.reason.kind == "completed"
+    assert server.requests[1]["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "call_a",
+        "content": "Do not repeat it for the same purpose.\n\nsent",
+    }
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ INTRUDER = textwrap.dedent(
     """
     import json, sys, anyio
     from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
-    from dsh.session_persistence.testing import meta, simple_turn
+    from dsh.session_persistence.testing import meta, simple_turn, step_end, turn_end
     from dsh.session_persistence_jsonl import JsonlBackend
 
     def outcome(exc):
@@ -105,7 +105,10 @@ INTRUDER = textwrap.dedent(
             store = SessionStore(host)
             stored = await backend.load_stored(session_id)
             session = store.create(session_id, seed=stored.events, meta=stored.meta)
-            for e in simple_turn(len(session.events), 9, "intruder"):
+            n = len(session.events)
+            # A well-formed continuation (a session a coordinator holds refuses a broken one before the lease is
+            # even asked): close A's open turn, then a turn of its own.
+            for e in [step_end(n, 1, 1), turn_end(n + 1, 1), *simple_turn(n + 2, 2, "intruder")]:
                 session.append_event(e)
             try:
                 await store.flush(session)

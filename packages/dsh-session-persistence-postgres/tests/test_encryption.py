@@ -476,11 +476,12 @@ def test_without_the_cipher_package_an_encrypting_backend_is_refused_at_construc
     probe = (
         "import sys\n"
         "sys.modules['cryptography'] = None  # as if the [encryption] extra were not installed\n"
-        "from dsh.session_persistence.encryption import SessionKeyError, StaticKeyProvider\n"
+        "from dsh.session_persistence import SessionPersistenceError\n"
+        "from dsh.session_persistence.encryption import StaticKeyProvider\n"
         "from dsh.session_persistence_postgres import PostgresBackend\n"
         "try:\n"
         "    PostgresBackend('host=127.0.0.1', encryption=StaticKeyProvider('k', {'k': bytes(32)}))\n"
-        "except SessionKeyError as exc:\n"
+        "except SessionPersistenceError as exc:  # EncryptionUnavailableError since core 0.4 (SessionKeyError before)\n"
         "    print('typed:', exc)\n"
         "PostgresBackend('host=127.0.0.1')  # without keys it needs no cipher\n"
     )

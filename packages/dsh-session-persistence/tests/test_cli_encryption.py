@@ -203,3 +203,59 @@ def test_the_installed_cli_opens_a_sealed_store_in_a_subprocess(sealed_root: Pat
     shown = run("--key-env", "KEYS_NEW", "show", "closed")
     assert shown.returncode == 0 and MARKER in shown.stdout, shown.stderr
     assert no_marker_at_rest(sealed_root)
+
+
+def test_a_key_of_the_wrong_size_names_its_source_and_the_cli_does_not_ask_for_keys(
+    sealed_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(sealed_root)
+    monkeypatch.setenv("KEYS_SHORT", keys_text(("k1", OLD[:31])))
+    code, _out, err = cli("--root", root, "--key-env", "KEYS_SHORT", "show", "closed")
+    assert code == 7, err
+    assert 'environment variable KEYS_SHORT: key "k1" must be exactly 32 bytes, got 31' in err
+    assert "give the store's keys" not in err  # they were given: the message says which ones
+    key_file = tmp_path / "short.keys"
+    key_file.write_text(keys_text(("k1", OLD[:31])))
+    key_file.chmod(0o600)
+    code, _out, err = cli("--root", root, "--key-file", str(key_file), "show", "closed")
+    assert code == 7 and f'key file "{key_file}": key "k1" must be exactly 32 bytes, got 31' in err, err
+    assert "give the store's keys" not in err
+
+
+def test_keys_given_that_do_not_hold_the_sessions_key_are_named_not_asked_for(sealed_root: Path) -> None:
+    code, _out, err = cli("--root", str(sealed_root), "--key-env", "KEYS_NEW_ONLY", "show", "closed")
+    assert code == 7 and 'sealed with key "k1"' in err, err
+    assert "give the store's keys" not in err and "keys given: --key-env KEYS_NEW_ONLY" in err
+    code, _out, err = cli("--root", str(sealed_root), "--key-env", "KEYS_NEW_ONLY", "export", "closed")
+    assert code == 7 and "give the store's keys" not in err, err
+
+
+# A meta path finder that refuses the cipher package, as if the [encryption] extra were not installed; then the CLI.
+NO_CRYPTOGRAPHY = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class Refuse(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "cryptography" or name.startswith("cryptography."):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, Refuse())
+from dsh.session_persistence._cli import main
+sys.exit(main())
+"""
+
+
+def test_without_the_cipher_package_the_cli_names_the_extra_not_a_key(sealed_root: Path) -> None:
+    env = {**os.environ, "KEYS_OLD": keys_text(("k1", OLD))}
+    base = [sys.executable, "-c", NO_CRYPTOGRAPHY, "--root", str(sealed_root), "--key-env", "KEYS_OLD"]
+    done = subprocess.run([*base, "show", "closed"], capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert done.returncode == 4, (done.stdout, done.stderr)
+    assert "pip install 'dsh-session-persistence[encryption]'" in done.stderr
+    assert "key" not in done.stderr.replace("--key-env", "")  # not a key error, and no hint to give keys
+    as_json = subprocess.run(
+        [*base, "--json", "verify"], capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+    error = json.loads(as_json.stdout)["error"]
+    assert (as_json.returncode, error["code"], error["exit"]) == (4, "encryption_unavailable", 4), as_json.stderr

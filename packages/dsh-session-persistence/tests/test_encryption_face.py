@@ -46,15 +46,18 @@ def test_the_jsonl_face_re_exports_the_same_classes() -> None:
     assert jsonl.SessionKeyError is SessionKeyError
 
 
-def test_without_the_cipher_package_sealing_is_a_typed_error_naming_the_extra() -> None:
+def test_without_the_cipher_package_sealing_is_a_typed_error_naming_the_extra_not_a_key_error() -> None:
     probe = (
         "import sys\n"
         "sys.modules['cryptography'] = None  # as if the [encryption] extra were not installed\n"
-        "from dsh.session_persistence.encryption import SessionKeyError, check_cipher_available, seal\n"
+        "from dsh.session_persistence.encryption import (\n"
+        "    EncryptionUnavailableError, SessionKeyError, check_cipher_available, seal,\n"
+        ")\n"
         "for attempt in (check_cipher_available, lambda: seal(bytes(32), b'x', b'')):\n"
         "    try:\n"
         "        attempt()\n"
-        "    except SessionKeyError as exc:\n"
+        "    except EncryptionUnavailableError as exc:\n"
+        "        assert not isinstance(exc, SessionKeyError)  # no key would help\n"
         "        print('typed:', exc)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)

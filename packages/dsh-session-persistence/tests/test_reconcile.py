@@ -3,6 +3,8 @@ the bound on a check, and what a nonsense answer counts as. The crash stories ar
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -41,12 +43,12 @@ async def test_an_async_check_is_awaited_and_a_tool_without_one_offers_none() ->
         await anyio.lowlevel.checkpoint()
         return Reconciliation.did_not_happen(f"no entry for {call_id}")
 
-    check_fn = reconciler_of(FunctionTool("pay", pay, check=check))
+    check_fn = reconciler_of(FunctionTool("pay", pay, with_call_id=True, check=check))
     assert check_fn is not None
     assert await run_check(check_fn, CALL, 5) == Reconciliation("not-happened", None, "no entry for call-7")
     assert reconciler_of(FunctionTool("pay", pay)) is None
     with pytest.raises(TypeError, match="check must be callable"):
-        FunctionTool("pay", pay, check="yes")  # type: ignore[arg-type]
+        FunctionTool("pay", pay, with_call_id=True, check="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -72,7 +74,7 @@ async def test_a_sync_check_that_blocks_is_abandoned_at_its_bound() -> None:
         release.wait(30)  # a lookup that hangs; the loop must not
         return Reconciliation.happened("late")
 
-    check_fn = reconciler_of(FunctionTool("pay", pay, check=check))
+    check_fn = reconciler_of(FunctionTool("pay", pay, with_call_id=True, check=check))
     assert check_fn is not None
     try:
         finding = await run_check(check_fn, CALL, 0.05)
@@ -96,3 +98,36 @@ def test_a_happened_finding_keeps_the_reported_result_and_its_error_flag() -> No
     assert block["isError"] is True and block["content"][-1] == {"type": "text", "text": "declined"}
     assert data["message"]["id"] == "reconciled-tool-result-call-7-40" and data["resultSeq"] == 11
     assert "message" not in reconcile_data(CALL, Reconciliation.cannot_tell("down"), 40)
+
+
+# A sync check that never answers, bounded by the caller; then the program ends. The process must end with it.
+HANGING_CHECK = """
+import sys, threading
+import anyio
+from dsh.session_persistence.loop import FunctionTool, Reconciliation
+
+def pay(amount, call_id):
+    return "paid"
+
+def check(amount, call_id):
+    threading.Event().wait()  # a lookup that never answers
+    return Reconciliation.cannot_tell()
+
+async def main():
+    tool = FunctionTool("pay", pay, with_call_id=True, check=check)
+    with anyio.move_on_after(0.1) as scope:
+        await tool.reconcile({"amount": 20}, "call-7")
+    print("abandoned" if scope.cancelled_caught else "answered", flush=True)
+
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_hanging_sync_check_cannot_keep_the_process_from_exiting(backend: str) -> None:
+    # The old worker thread (anyio's, joined at interpreter exit) held the process forever: the timeout is the
+    # failure, never reached when the check runs on a thread the interpreter does not wait for.
+    done = subprocess.run(
+        [sys.executable, "-c", HANGING_CHECK, backend], capture_output=True, text=True, timeout=90, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "abandoned"), done.stderr

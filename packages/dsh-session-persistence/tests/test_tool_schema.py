@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from dsh.session_persistence import CancelSignal, Host, SessionStore
 from dsh.session_persistence.events import FINISH_KINDS, AssistantChunk, FinishChunk, FinishReason, RequestHeader
-from dsh.session_persistence.loop import ANY_OBJECT_SCHEMA, AgentLoop, FunctionTool, tool_spec
+from dsh.session_persistence.loop import ANY_OBJECT_SCHEMA, AgentLoop, FunctionTool, ToolDefinitionError, tool_spec
 from dsh.session_persistence.testing import ScriptedAdapter, ScriptedTool, TextResponse, ToolCallResponse
 from hypothesis import given
 from hypothesis import strategies as st
@@ -129,3 +129,48 @@ def test_a_stored_chunk_with_an_unknown_finish_kind_does_not_decode() -> None:
     }
     with pytest.raises(msgspec.ValidationError, match="finish kind"):
         msgspec.convert(line, AssistantChunk)
+
+
+def _record(amount: int, call_id: str) -> str:
+    return f"paid {amount}"
+
+
+def _found(amount: int, call_id: str) -> None:
+    return None
+
+
+def _no_call_id(amount: int) -> str:
+    return f"paid {amount}"
+
+
+def test_a_check_without_the_call_id_in_the_body_is_refused_when_the_tool_is_built() -> None:
+    # The body would record its effect under no call id, and the check would then say "did not happen".
+    with pytest.raises(ToolDefinitionError, match="with_call_id=True"):
+        FunctionTool("pay", _record, check=_found)
+    assert FunctionTool("pay", _record, with_call_id=True, check=_found).reconcile is not None
+
+
+@pytest.mark.parametrize(
+    ("fn", "check", "what"),
+    [
+        (_no_call_id, None, "function"),
+        (lambda amount: "paid", None, "function"),
+        (_record, _no_call_id, "check"),
+    ],
+)
+def test_a_function_that_takes_no_call_id_is_refused_when_the_tool_is_built(fn: Any, check: Any, what: str) -> None:
+    with pytest.raises(ToolDefinitionError, match=f"the {what}.* no call_id parameter"):
+        FunctionTool("pay", fn, with_call_id=True, check=check)
+
+
+def test_call_id_as_a_keyword_or_through_kwargs_is_accepted() -> None:
+    def keyword_only(amount: int, *, call_id: str) -> str:
+        return "paid"
+
+    def any_keywords(**kwargs: Any) -> str:
+        return "paid"
+
+    for fn in (keyword_only, any_keywords, lambda amount, call_id: "paid"):
+        FunctionTool("pay", fn, with_call_id=True, check=fn)
+    with pytest.raises(ToolDefinitionError):  # positional-only cannot be passed as call_id=
+        FunctionTool("pay", lambda amount, call_id, /: "paid", with_call_id=True)

@@ -53,8 +53,14 @@ def _get(obj: object, key: str) -> Any:
     return getattr(obj, key, None)
 
 
+#: What separates two text blocks of one message in the chat request's string content: a blank line, so blocks
+#: the model reads as separate (a reconciliation finding and the tool's own result) never run into one sentence.
+#: A plain string is what every OpenAI-compatible server accepts in a ``tool`` message (not all take parts).
+_BLOCK_SEPARATOR = "\n\n"
+
+
 def _text(blocks: Iterable[object]) -> str:
-    return "".join(block.text for block in blocks if isinstance(block, TextBlock))
+    return _BLOCK_SEPARATOR.join(block.text for block in blocks if isinstance(block, TextBlock))
 
 
 def chat_messages(system: str | None, messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -62,7 +68,8 @@ def chat_messages(system: str | None, messages: Sequence[Message]) -> list[dict[
 
     Assistant text and tool calls become one ``assistant`` message (reasoning blocks are not sent back); each tool
     result becomes a ``tool`` message carrying its text (crash repairs included, as the error text the model must
-    see); user text becomes a ``user`` message. Images are not sent (see the README's known limitations).
+    see); user text becomes a ``user`` message. The text blocks of one message are joined with a blank line, never
+    run together. Images are not sent (see the README's known limitations).
     """
     out: list[dict[str, Any]] = []
     if system:
@@ -91,7 +98,7 @@ def chat_messages(system: str | None, messages: Sequence[Message]) -> list[dict[
             elif isinstance(block, TextBlock):
                 text_parts.append(block.text)
         if text_parts:
-            out.append({"role": "user", "content": "".join(text_parts)})
+            out.append({"role": "user", "content": _BLOCK_SEPARATOR.join(text_parts)})
     return out
 
 

@@ -50,6 +50,7 @@ from ._backends.protocol import (
 )
 from ._host.host import hookimpl
 from ._model.errors import (
+    EncryptionUnavailableError,
     IncompleteInheritedPrefixError,
     LifecycleArgumentError,
     SeqMismatchError,
@@ -58,6 +59,7 @@ from ._model.errors import (
     SessionCursorError,
     SessionDecryptError,
     SessionFormatUnsupportedError,
+    SessionIdError,
     SessionKeyError,
     SessionLiveError,
     SessionLockedError,
@@ -125,6 +127,8 @@ __all__ = [
     "SessionBackend",
     "SessionChangedError",
     "SessionCursorError",
+    "SessionIdError",
+    "EncryptionUnavailableError",
     "SessionDecryptError",
     "SessionEvent",
     "SessionFormatUnsupportedError",

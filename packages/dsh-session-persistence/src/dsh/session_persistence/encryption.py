@@ -3,7 +3,8 @@
 A backend given ``encryption=provider`` (``JsonlBackend``, ``PostgresBackend``) seals what it stores with
 AES-256-GCM through :func:`seal` and :func:`open_sealed`; each backend binds its own associated data (where the
 sealed unit belongs). The cipher is the ``cryptography`` package, the ``[encryption]`` extra of this
-distribution, imported only when a seal is made or opened: without it those raise :class:`SessionKeyError`.
+distribution, imported only when a seal is made or opened: without it those raise
+:class:`EncryptionUnavailableError` (naming the extra; not a key error: no key would help).
 A provider names one *current* key (new data is sealed with it) and returns any key it still holds by id (old
 data keeps loading while its key is provided). Keys are 32 random bytes; ids are 1-64 characters of
 ``[A-Za-z0-9._-]``.
@@ -28,7 +29,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from ._model.errors import SessionDecryptError, SessionKeyError
+from ._model.errors import EncryptionUnavailableError, SessionDecryptError, SessionKeyError
 
 __all__ = [
     "AEAD_NAME",
@@ -37,6 +38,7 @@ __all__ = [
     "NONCE_BYTES",
     "TAG_BYTES",
     "CallbackKeyProvider",
+    "EncryptionUnavailableError",
     "KeyProvider",
     "SessionDecryptError",
     "SessionKeyError",
@@ -101,14 +103,20 @@ def parse_keys(text: str, source: str) -> tuple[str, dict[str, bytes]]:
         key_id, sep, encoded = entry.partition(":")
         if not sep:
             raise SessionKeyError(f"{source}: entry {number} is not id:base64key")
-        key_id = check_key_id(key_id.strip())
+        try:
+            key_id = check_key_id(key_id.strip())
+        except SessionKeyError as exc:
+            raise SessionKeyError(f"{source}: entry {number}: {exc}") from None
         try:
             key = base64.b64decode(encoded.strip(), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise SessionKeyError(f'{source}: key "{key_id}" is not valid base64') from exc
         if key_id in keys:
             raise SessionKeyError(f'{source}: key id "{key_id}" appears twice')
-        keys[key_id] = check_key(key_id, key)
+        try:
+            keys[key_id] = check_key(key_id, key)
+        except SessionKeyError as exc:  # a key of the wrong size: say where it came from (never its bytes)
+            raise SessionKeyError(f"{source}: {exc}") from None
         current = key_id if current is None else current
     if current is None:
         raise SessionKeyError(f"{source}: no key (expected id:base64key entries, the first one current)")
@@ -209,14 +217,14 @@ def _aesgcm(key: bytes) -> Any:
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError as exc:  # the optional extra is not installed
-        raise SessionKeyError(
+        raise EncryptionUnavailableError(
             "encrypted sessions need the 'cryptography' package: pip install 'dsh-session-persistence[encryption]'"
         ) from exc
     return AESGCM(key)
 
 
 def check_cipher_available() -> None:
-    """Raise :class:`SessionKeyError` unless the optional ``cryptography`` dependency is importable."""
+    """Raise :class:`EncryptionUnavailableError` unless the optional ``cryptography`` dependency is importable."""
     _aesgcm(bytes(KEY_BYTES))
 
 

@@ -1,14 +1,14 @@
 """The optional invariant companion: checks every appended event against the turn/step rules.
 
-The session core does not enforce the turn/step relations on a live append unless the store was built with
-``check_turns=True`` (which *refuses* a bad event). This companion is the observing alternative, for tests and
-debugging: registered on a :class:`~dsh.session_persistence.Host`, it runs one incremental
-:class:`TurnValidator` per live session (seeded from the session's events when it first
-sees the session, then fed every ``session_event``) and reports a violation as an error naming the session, the
-seq and the rule. It never undoes the append: the event is already committed when ``session_event`` runs. Each
-violation is logged at ``ERROR`` (logger ``dsh.session_persistence.invariant``) and kept in
-:attr:`TurnInvariantCompanion.violations`; :meth:`TurnInvariantCompanion.assert_clean` raises
-:class:`InvariantViolationError` when there is any.
+A session a persistence coordinator holds refuses an append that breaks the turn/step relations (what is
+acknowledged must load), and so does every session of a store built with ``check_turns=True``; other live
+sessions accept it. This companion is the observing alternative, for tests and debugging: registered on a
+:class:`~dsh.session_persistence.Host`, it runs one incremental :class:`TurnValidator` per live session (seeded
+from the session's events when it first sees the session, then fed every ``session_event``) and reports a
+violation as an error naming the session, the seq and the rule. It never undoes the append: the event is
+already committed when ``session_event`` runs. Each violation is logged at ``ERROR`` (logger
+``dsh.session_persistence.invariant``) and kept in :attr:`TurnInvariantCompanion.violations`;
+:meth:`TurnInvariantCompanion.assert_clean` raises :class:`InvariantViolationError` when there is any.
 
 **Optional by construction.** The companion is *not* in the ``dsh.session`` entry-point group that
 ``Host.load_entrypoints()`` loads. Every distribution declares its companion under the separate group

@@ -55,7 +55,7 @@ from ._loop.protocols import (
 from ._loop.resume import answer_pending
 from ._loop.tools import ANY_OBJECT_SCHEMA, FunctionTool, tool_spec
 from ._loop.turn_result import TurnReason, TurnResult
-from ._model.errors import NoInterruptedTurnError
+from ._model.errors import NoInterruptedTurnError, ToolDefinitionError
 
 __all__ = [
     "ANY_OBJECT_SCHEMA",
@@ -73,6 +73,7 @@ __all__ = [
     "TOOL_RECONCILED_HAPPENED_TEXT",
     "TOOL_RECONCILED_NOT_HAPPENED_TEXT",
     "Tool",
+    "ToolDefinitionError",
     "ToolOutput",
     "TurnReason",
     "TurnResult",

@@ -9,8 +9,8 @@ from typing import Any
 from .._host.host import Host
 from .._model.events import InterruptedReason
 from .._wire.codec import encode_event
-from ._context import Stack
-from ._errors import EXIT_DAMAGED, EXIT_KEY, EXIT_OK, KEY_HINT, CliError
+from ._context import KeySource, Stack
+from ._errors import EXIT_DAMAGED, EXIT_KEY, EXIT_OK, CliError, key_hint
 from ._examine import KEY_STATUSES, SessionReport, closer_plan, examine, report_json, walk
 from ._io import Io
 from ._output import human_size, local_time, table, write_json
@@ -20,12 +20,14 @@ from ._transcript import render_transcript, resume_facts, resume_lines, transcri
 __all__ = ["cmd_export", "cmd_list", "cmd_plugins", "cmd_show", "cmd_stats", "require_readable"]
 
 
-def require_readable(report: SessionReport) -> None:
-    """Raise the ``EXIT_DAMAGED`` error for a corrupt or refused session (``EXIT_KEY``: no key opens it)."""
+def require_readable(report: SessionReport, keys: KeySource | None = None) -> None:
+    """Raise the ``EXIT_DAMAGED`` error for a corrupt or refused session (``EXIT_KEY``: no key opens it).
+
+    ``keys``: the key source the command was given, so a missing key is not answered with "give the keys"."""
     if not report.recoverable:
         message = report.message or f'session "{report.id}" cannot be read'
         if report.status == "no_key":
-            message += KEY_HINT
+            message += key_hint(keys)
         raise CliError(message, EXIT_KEY if report.status in KEY_STATUSES else EXIT_DAMAGED) from report.error
 
 
@@ -54,7 +56,7 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
 async def cmd_show(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     """A readable transcript of one session (read-only: pending repairs are shown, not written)."""
     report = await examine(stack.coordinator, args.id)
-    require_readable(report)
+    require_readable(report, stack.keys)
     assert report.inspection is not None
     entries = transcript_entries(report.events, report.stored_events)
     if args.json:

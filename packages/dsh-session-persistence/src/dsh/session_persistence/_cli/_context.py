@@ -190,6 +190,8 @@ class Stack:
     root: str
     #: Whether the backend was given keys (``--key-env``/``--key-file``).
     keyed: bool = False
+    #: Where they came from (``("env", NAME)`` / ``("file", PATH)``), for error messages.
+    keys: KeySource | None = None
 
 
 def select_backend(host: Host, name: str | None) -> tuple[str, type[object]]:
@@ -252,5 +254,11 @@ async def open_stack(
     backend = build_backend(name, cls, root, options, extra)
     async with PersistenceCoordinator(host, backend) as coordinator:
         yield Stack(
-            host=host, backend=backend, coordinator=coordinator, backend_name=name, root=root, keyed=keys is not None
+            host=host,
+            backend=backend,
+            coordinator=coordinator,
+            backend_name=name,
+            root=root,
+            keyed=keys is not None,
+            keys=keys,
         )

@@ -15,6 +15,7 @@ __all__ = [
     "EXIT_USAGE",
     "KEY_HINT",
     "CliError",
+    "key_hint",
 ]
 
 EXIT_OK = 0
@@ -33,8 +34,15 @@ EXIT_DEMO_FAILED = 6
 #: An encrypted session cannot be opened: its key is not provided (or the key source holds none), or a batch fails
 #: authentication (the key is wrong, or its bytes were altered or moved). Never reported as damage.
 EXIT_KEY = 7
-#: Appended to a missing-key message: where the CLI takes keys from.
+#: Appended to a missing-key message when no keys were given: where the CLI takes keys from.
 KEY_HINT = " (give the store's keys: --key-env NAME or --key-file PATH)"
+
+
+def key_hint(keys: tuple[str, str] | None) -> str:
+    """What to append to a key error: where to give keys, or, when keys were given, which ones (never "give")."""
+    return KEY_HINT if keys is None else f" (keys given: --key-{keys[0]} {keys[1]})"
+
+
 #: A bug: an unexpected exception (run with ``DSH_SESSIONS_DEBUG=1`` for the traceback).
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130

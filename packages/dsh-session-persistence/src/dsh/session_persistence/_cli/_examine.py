@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from .._backends.protocol import SupportsArtifactScan, SupportsLeaseProbe
 from .._coordinator.service import PersistenceCoordinator
 from .._model.errors import (
+    EncryptionUnavailableError,
     SessionDecryptError,
     SessionFormatUnsupportedError,
     SessionKeyError,
@@ -157,6 +158,8 @@ async def examine(
         report.status, report.message, report.error = "no_key", str(exc), exc
     except SessionDecryptError as exc:
         report.status, report.message, report.error = "auth_failed", str(exc), exc
+    except EncryptionUnavailableError:
+        raise  # the cipher is not installed: not this session's state, and no key would help
     except SessionPersistenceCorruptionError as exc:
         report.status, report.message = "corrupt", _with_cause(exc)
     except SessionPersistenceError as exc:

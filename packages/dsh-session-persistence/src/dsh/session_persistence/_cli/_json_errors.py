@@ -10,6 +10,7 @@ import sys
 from typing import TextIO
 
 from .._model.errors import (
+    EncryptionUnavailableError,
     LifecycleArgumentError,
     SessionChangedError,
     SessionCursorError,
@@ -53,6 +54,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], str], ...] = (
     (SessionChangedError, "changed"),
     (SessionNeedsRepairError, "needs_repair"),
     (SessionKeyError, "key_missing"),
+    (EncryptionUnavailableError, "encryption_unavailable"),
     (SessionDecryptError, "decrypt_failed"),
     (SessionFormatUnsupportedError, "unsupported"),
     (SessionPersistenceCorruptionError, "damaged"),

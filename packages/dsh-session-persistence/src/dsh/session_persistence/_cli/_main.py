@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -11,15 +12,18 @@ from typing import NoReturn
 import anyio
 
 from .._model.errors import (
+    EncryptionUnavailableError,
     LifecycleArgumentError,
     SessionDecryptError,
     SessionFormatUnsupportedError,
+    SessionIdError,
     SessionKeyError,
     SessionNotFoundError,
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
     SessionStorageError,
 )
+from .._model.ids import check_session_id
 from ._commands import cmd_export, cmd_plugins, cmd_show, cmd_stats
 from ._context import ROOT_ENV, KeySource, load_host, open_stack, parse_options, resolve_root, storage_message
 from ._errors import (
@@ -31,8 +35,8 @@ from ._errors import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
-    KEY_HINT,
     CliError,
+    key_hint,
 )
 from ._io import Io
 from ._json_errors import error_code, wants_json, write_error_json
@@ -186,28 +190,27 @@ def _positive_int(text: str) -> int:
 
 def _session_id(text: str) -> str:
     """A session id argument: non-empty text (argv bytes that are not text arrive as lone surrogates)."""
-    if text == "":
-        raise argparse.ArgumentTypeError("a session id cannot be empty")
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError(f"a session id must be text, got {text!r}") from None
-    return text
+        return check_session_id(text)
+    except SessionIdError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split()) or "error"
 
 
-def _classify(exc: BaseException, root: str | None) -> CliError | None:
+def _classify(exc: BaseException, root: str | None, keys: KeySource | None) -> CliError | None:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        return _classify(exc.exceptions[0], root)
+        return _classify(exc.exceptions[0], root, keys)
     if isinstance(exc, CliError):
         return exc
     if isinstance(exc, SessionNotFoundError):
         return CliError(str(exc), EXIT_NOT_FOUND)
     if isinstance(exc, SessionKeyError):
-        return CliError(str(exc) + KEY_HINT, EXIT_KEY)
+        return CliError(str(exc) + key_hint(keys), EXIT_KEY)
+    if isinstance(exc, EncryptionUnavailableError):  # an installation problem: no key would help
+        return CliError(str(exc), EXIT_UNAVAILABLE)
     if isinstance(exc, SessionDecryptError):
         return CliError(str(exc), EXIT_KEY)
     if isinstance(exc, LifecycleArgumentError):
@@ -259,6 +262,7 @@ async def _dispatch(args: argparse.Namespace, io: Io) -> int:
 def run(argv: list[str] | None, io: Io) -> int:
     """Parse ``argv`` and run the command; returns the exit code (never raises for expected failures)."""
     root: str | None = None
+    keys: KeySource | None = None
     as_json = wants_json(argv)
     try:
         parser = build_parser()
@@ -274,6 +278,8 @@ def run(argv: list[str] | None, io: Io) -> int:
             return EXIT_USAGE
         root = args.root
         as_json = bool(getattr(args, "json", False))
+        with contextlib.suppress(CliError):  # both sources given: _dispatch reports that
+            keys = _key_source(args)
         return anyio.run(_dispatch, args, io, backend="asyncio")
     except KeyboardInterrupt:
         io.err.write(f"{PROG}: interrupted\n")
@@ -286,7 +292,7 @@ def run(argv: list[str] | None, io: Io) -> int:
     except BaseException as exc:
         if not isinstance(exc, Exception) and not isinstance(exc, BaseExceptionGroup):
             raise
-        error = _classify(exc, root)
+        error = _classify(exc, root, keys)
         if as_json:
             message = _one_line(str(error if error is not None else f"internal error: {type(exc).__name__}: {exc}"))
             write_error_json(io.out, error_code(error, exc), EXIT_INTERNAL if error is None else error.code, message)

@@ -49,6 +49,9 @@ class SessionHooks:
 
     @hookimpl
     def session_created(self, session: Session) -> None:
+        # What this coordinator acknowledges must load: from here on an append that breaks a turn rule the loader
+        # enforces is refused before it reaches the log (O(1) per event; nothing to walk at creation).
+        session.enforce_turn_rules()
         self.live.on_created(session)
 
     @hookimpl

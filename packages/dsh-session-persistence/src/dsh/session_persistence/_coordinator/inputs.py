@@ -12,6 +12,7 @@ import msgspec
 from .._backends.protocol import StorageMetadata
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader, check_header_cwd, header_to_builtins
+from .._model.ids import check_session_id
 from .._model.jsonvalue import NotLosslessJsonError, is_safe_int, snapshot_json
 from .._wire.codec import decode_event, event_to_builtins
 
@@ -50,6 +51,8 @@ def snapshot_batch(events: Sequence[SessionEvent | Mapping[str, Any]]) -> builti
 def check_create_meta(meta: SessionHeader | Mapping[str, Any], inherited_event_count: int | None) -> StorageMetadata:
     """The header and cut a ``create`` registers, every rule checked (``TypeError`` naming the first broken one)."""
     raw = header_to_builtins(meta) if isinstance(meta, SessionHeader) else meta
+    if isinstance(raw, Mapping) and "id" in raw:
+        check_session_id(raw["id"])  # before the JSON check, which would call a lone surrogate "not JSON"
     try:
         data = snapshot_json(dict(raw) if isinstance(raw, Mapping) else raw, "session metadata")
     except NotLosslessJsonError as exc:

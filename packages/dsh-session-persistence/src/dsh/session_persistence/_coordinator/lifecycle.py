@@ -43,6 +43,7 @@ from .._model.errors import (
     SessionNotFoundError,
     UnsupportedOperationError,
 )
+from .._model.ids import check_session_id
 
 if TYPE_CHECKING:
     from .._backends.protocol import StoredPrefix
@@ -150,8 +151,7 @@ async def delete(core: CoordinatorCore, session_id: str, expected_revision: str 
     core.require_open()
     backend = _require(core, SupportsDelete, "deletion")
     assert isinstance(backend, SupportsDelete)
-    if type(session_id) is not str or not session_id:
-        raise LifecycleArgumentError(f"session id must be a non-empty string, got {session_id!r}")
+    check_session_id(session_id)
     _refuse_live(core, session_id, "delete")
     await core.wait_retired(session_id)
 
@@ -179,6 +179,7 @@ async def compact(core: CoordinatorCore, session_id: str, prepare: Prepare) -> C
     core.require_open()
     backend = _require(core, SupportsCompact, "compaction")
     assert isinstance(backend, SupportsCompact)
+    check_session_id(session_id)
     _refuse_live(core, session_id, "compact")
     await core.wait_retired(session_id)
 

@@ -45,6 +45,7 @@ from .._model.errors import (
 )
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
+from .._model.ids import check_session_id
 from .._model.jsonvalue import is_safe_int
 from .._model.views import SessionEventSuffix, SessionInspection
 from . import lifecycle as _lifecycle
@@ -56,6 +57,7 @@ from .live_path import LivePath, live_view
 from .retirement import Retirement
 from .scheduling import Scheduler, TaskGroupScheduler
 from .state import CoordinatorCore, SessionState
+from .turn_rules import ColdTurnRules
 from .waits import CompletionPort
 from .write_behind import DEFAULT_MAX_DELAY_MS, MAX_DELAY_MS_LIMIT
 
@@ -101,6 +103,7 @@ class PersistenceCoordinator:
         self._livepath = LivePath(core, self._spawn, write_batch_max_delay_ms)
         self._livepath.scheduler = scheduler
         self._retirement = Retirement(core, self._livepath, self._spawn)
+        self._turn_rules = ColdTurnRules()
         self._hooks = SessionHooks(self, core, self._livepath, self._retirement)
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
@@ -171,6 +174,7 @@ class PersistenceCoordinator:
         store = self._host.sessions
         if store is not None:
             for session in store.list():
+                session.enforce_turn_rules()  # as for a session created later (hooks.session_created)
                 self._livepath.ensure_live(session)
 
     async def aclose(self) -> None:
@@ -243,6 +247,7 @@ class PersistenceCoordinator:
 
     async def read_raw(self, session_id: str) -> RawArtifact | None:
         """The stored artifact verbatim, ``None`` if supported but absent."""
+        check_session_id(session_id)
         await anyio.lowlevel.checkpoint_if_cancelled()
         read_raw = self._core.caps.read_raw
         if read_raw is None:
@@ -288,6 +293,7 @@ class PersistenceCoordinator:
     async def append(self, session_id: str, events: Sequence[SessionEvent | Mapping[str, Any]]) -> None:
         """Durably persist one contiguous batch; returns only once the backend made it durable."""
         self._require_open()
+        check_session_id(session_id)
         batch = snapshot_batch(events)
         core = self._core
 
@@ -299,13 +305,19 @@ class PersistenceCoordinator:
                 # Adopt the stored log (committing any pending crash repair) under the writer lease.
                 await cold_commit(core, session_id, for_write=True)
                 state = core.states[session_id]
+            await core.writes.settle_doubt(session_id, state)  # the stored end the batch must continue is known
+            # A batch the loader would refuse is refused here (TurnInvariantError), before anything is written.
+            turns = await self._turn_rules.check(core, session_id, state, batch)
             await core.writes.append(session_id, state, batch)
+            if state.cursor == batch[-1].seq + 1:
+                self._turn_rules.keep(session_id, state, turns)
 
         await core.chains.run(session_id, run)
 
     async def load(self, session_id: str) -> SessionInspection:
         """A balanced view of the session; commits cold crash repair (under the writer lease)."""
         self._require_open()
+        check_session_id(session_id)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         core = self._core
@@ -326,6 +338,7 @@ class PersistenceCoordinator:
     async def inspect(self, session_id: str) -> SessionInspection:
         """A logical view that never writes: cold logs get in-memory closers, a live session its own events."""
         self._require_open()
+        check_session_id(session_id)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
         core = self._core
@@ -342,6 +355,7 @@ class PersistenceCoordinator:
     async def read_from(self, session_id: str, from_seq: int) -> SessionEventSuffix:
         """The stored events with ``seq >= from_seq`` (storage only: no closers, no repair, no live events)."""
         self._require_open()
+        check_session_id(session_id)
         offset = check_offset(from_seq)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
@@ -358,6 +372,7 @@ class PersistenceCoordinator:
         ``SessionNotFoundError`` when the session is absent.
         """
         self._require_open()
+        check_session_id(session_id)
         offset = check_offset(from_seq)
         await anyio.lowlevel.checkpoint_if_cancelled()
         await self._retirement.wait(session_id)
@@ -429,6 +444,7 @@ class PersistenceCoordinator:
             store = self._host.sessions
             if store is None or not store.is_live(session):
                 raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
+            session.enforce_turn_rules()
             live = self._livepath.ensure_live(session)
         await live.init.wait()
 

@@ -34,6 +34,7 @@ from .._model.events import (
     UserMessage,
 )
 from .._model.header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
+from .._model.ids import check_session_id
 from .._model.jsonvalue import is_safe_int, snapshot_json
 from .._model.repair import has_open_turn
 from .._model.validator import TurnValidator, validate_turns
@@ -56,6 +57,7 @@ def wall_clock_ms() -> int:
 
 
 def _header_from(meta: SessionHeader | dict[str, Any] | None, session_id: str, clock: Clock) -> SessionHeader:
+    check_session_id(session_id)
     if meta is None:
         return SessionHeader(id=session_id, created_at=clock())
     obj = header_to_builtins(meta) if isinstance(meta, SessionHeader) else dict(meta)
@@ -115,24 +117,46 @@ class Session:
         self._messages: list[Message] | None = None
         self._validator: TurnValidator | None = None
         self._inherited = self._check_cut(inherited_event_count, seed)
+        validator = TurnValidator()
         if seed is None:
             self._first_live_seq = 0
         else:
             events = [_seed_event(value, i) for i, value in enumerate(seed)]
-            validator = validate_turns(events)
-            if check_turns:
-                self._validator = validator
+            validator.check_all(events)
             self._events = events
             self._first_live_seq = len(events)
             if not events or type(events[-1]) is not EndSeed:
                 # The seed marker is written before any observer attaches, so it is never published.
                 marker = EndSeed(seq=len(events), time=self._clock(), data=EndSeedData())
                 self._events.append(marker)
-                if self._validator is not None:
-                    self._validator.check(marker)
+                validator.check(marker)
             self._snapshot = None
-        if check_turns and self._validator is None:
+        # The state after the seed (and how many events it has seen), kept so that turning the checks on before the
+        # first append walks nothing again.
+        self._seed_state: tuple[int, TurnValidator] | None = (len(self._events), validator)
+        if check_turns:
+            self.enforce_turn_rules()
+
+    def enforce_turn_rules(self) -> None:
+        """From now on refuse (``TurnInvariantError``, nothing appended) an event that breaks the turn/step rules.
+
+        The rules are the loader's, checked incrementally (O(1) per event). A persistence coordinator calls this
+        when it takes the session: what it acknowledges must load. Idempotent; the first call walks the events
+        appended since the seed (none, when the coordinator is there from the start) and raises
+        ``TurnInvariantError`` if they already break a rule.
+        """
+        if self._validator is not None:
+            return
+        seeded, self._seed_state = self._seed_state, None
+        if seeded is not None and seeded[0] == len(self._events):  # the log is still the seed (a prefix is kept)
+            self._validator = seeded[1]
+        else:
             self._validator = validate_turns(self._events)
+
+    @property
+    def checks_turns(self) -> bool:
+        """Whether an append that breaks the turn/step rules is refused (see :meth:`enforce_turn_rules`)."""
+        return self._validator is not None
 
     def _check_cut(self, count: int | None, seed: Sequence[object] | None) -> int:
         if self._header.is_seeded:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "CheckpointPolicyMissingError",
+    "EncryptionUnavailableError",
     "EventValidationError",
     "IncompleteInheritedPrefixError",
     "LifecycleArgumentError",
@@ -27,6 +28,8 @@ __all__ = [
     "SessionLockedError",
     "SessionStorageError",
     "SessionWriteInDoubtError",
+    "SessionIdError",
+    "ToolDefinitionError",
     "SeqMismatchError",
     "SessionAlreadyExistsError",
     "SessionFormatUnsupportedError",
@@ -125,6 +128,12 @@ class SessionKeyError(SessionPersistenceError):
     """
 
 
+class EncryptionUnavailableError(SessionPersistenceError):
+    """Encrypted sessions were asked for, but the cipher package (``cryptography``, the ``[encryption]`` extra of
+    ``dsh-session-persistence``) is not installed. An installation problem, not a key problem: no key would help.
+    """
+
+
 class SessionDecryptError(SessionPersistenceError):
     """An encrypted batch fails authentication: the key is wrong, or its bytes were altered or moved.
 
@@ -166,6 +175,11 @@ class CheckpointPolicyMissingError(SessionPersistenceError):
         )
 
 
+class ToolDefinitionError(SessionPersistenceError, TypeError):
+    """A tool is built in a way that cannot work: a ``check`` whose body never learns the call id it is asked
+    about, or ``with_call_id=True`` on a function that takes no ``call_id``. Raised when the tool is built."""
+
+
 class SessionLiveError(SessionPersistenceError):
     """An operation that needs a cold session found it live."""
 
@@ -176,6 +190,11 @@ class LifecycleArgumentError(SessionPersistenceError, ValueError):
 
 class SessionCursorError(LifecycleArgumentError):
     """A listing cursor is malformed or was made for another storage root, order or filter set."""
+
+
+class SessionIdError(LifecycleArgumentError):
+    """A session id is not one a session can have: not a ``str``, empty, or holding a lone surrogate code point
+    (text no log or file name can hold). Refused at every entry that takes an id, before any I/O."""
 
 
 class SessionChangedError(SessionPersistenceError):

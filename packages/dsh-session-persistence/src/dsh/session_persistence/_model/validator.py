@@ -1,12 +1,15 @@
 """The incremental turn/step validator (session-core §2.2): O(1) per event.
 
-Runs on every seed and restore, and on every append when the invariant companion is registered. Crash-repair
-output always satisfies it.
+The one definition of the turn rules: the loader runs it over every stored log (and seed), and a live session
+runs the same state machine on every append once a persistence coordinator holds it (or its store was built with
+``check_turns=True``), so an event the loader would refuse is refused before it is written. The invariant
+companion runs it to report instead. Crash-repair output always satisfies it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from msgspec import UNSET, UnsetType
 
@@ -34,8 +37,6 @@ from .events import (
 )
 
 __all__ = ["TurnValidator", "validate_turns"]
-
-_IN_TURN = (RequestHeader, RequestContext, TodoWrite)
 
 
 class TurnValidator:
@@ -70,69 +71,86 @@ class TurnValidator:
         return self._open_turn
 
     def check(self, event: SessionEvent) -> None:
-        """Validate ``event`` against the state so far and advance the state."""
+        """Validate ``event`` against the state so far and advance the state.
+
+        O(1): one type lookup picks the event's rule (types without one only advance the seq). The live append
+        path runs this on every event, so the common cases stay a few comparisons.
+        """
         seq = event.seq
         if seq <= self._last_seq:
             self._fail("seq-order", seq, f"event seq {seq} is not greater than the previous seq {self._last_seq}")
-        if type(event) is AssistantChunk:  # most events of a streamed log: skip the isinstance chain
+        if type(event) is AssistantChunk:  # most events of a streamed log: two comparisons when it is in its step
             chunk_data = event.data
-            self._require_step(seq, "assistant/chunk", chunk_data.turn, chunk_data.step)
-        elif isinstance(event, TurnStart):
-            turn = event.data.turn
-            if self._open_turn is not None:
-                self._fail("turn-open", seq, f"turn/start {turn} while turn {self._open_turn} is still open")
-            if turn != self._next_turn:
-                self._fail("turn-number", seq, f"turn/start expected turn {self._next_turn}, got {turn}")
-            self._open_turn = turn
-            self._next_step = 1
-            self._pending.clear()
-        elif isinstance(event, TurnEnd):
-            turn = event.data.turn
-            if turn != self._open_turn:
-                self._fail("turn-end", seq, f"turn/end {turn} does not match open turn {self._open_turn}")
-            if self._open_step is not None:
-                self._fail("turn-end-step", seq, f"turn/end {turn} while step {self._open_step} is still open")
-            self._open_turn = None
-            self._next_turn += 1
-            self._pending.clear()
-            self._last_interrupted = type(event.data.reason) is InterruptedReason
-        elif isinstance(event, StepStart):
-            step_data = event.data
-            self._require_turn(seq, "step/start", step_data.turn)
-            if self._open_step is not None:
-                self._fail("step-open", seq, f"step/start {step_data.step} while step {self._open_step} is still open")
-            if step_data.step != self._next_step:
-                self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {step_data.step}")
-            self._open_step = step_data.step
-        elif isinstance(event, StepEnd):
-            self._require_step(seq, "step/end", event.data.turn, event.data.step)
-            self._open_step = None
-            self._next_step += 1
-            self._pending.clear()
-        elif isinstance(event, (AssistantChunk, AssistantMessage)):
-            self._require_step(seq, event.type, event.data.turn, event.data.step)
-        elif isinstance(event, ToolCall):
-            self._require_step(seq, "tool/call", event.data.turn, event.data.step)
-            self._pending.add(event.data.call_id)
-        elif isinstance(event, ToolResult):
-            result = event.data
-            self._require_step(seq, "tool/result", result.turn, result.step)
-            call_id = getattr(result.message.source, "call_id", None)
-            synthetic_not_started = getattr(result.error, "code", None) == TOOL_NOT_STARTED
-            if call_id in self._pending:
-                self._pending.discard(call_id)
-            elif not synthetic_not_started:
-                self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
-            if isinstance(call_id, str) and getattr(result.error, "code", None) == TOOL_OUTCOME_UNKNOWN:
-                self._unknown[call_id] = seq
-        elif isinstance(event, TurnContinue):
-            self._check_continue(event)
-        elif isinstance(event, ToolReconcile):
-            self._check_reconcile(event)
-        elif isinstance(event, _IN_TURN) and self._open_turn is None:
-            self._fail("outside-turn", seq, f"{event.type} outside an open turn")
+            if chunk_data.turn != self._open_turn or chunk_data.step != self._open_step:
+                self._require_step(seq, "assistant/chunk", chunk_data.turn, chunk_data.step)
+        else:
+            kind = type(event)
+            rule = _RULES.get(kind, _UNRESOLVED)
+            if rule is _UNRESOLVED:
+                rule = _rule_for(kind)
+            if rule is not None:
+                rule(self, event)
         self._last_seq = seq
         self._fresh_turn = type(event) is TurnStart
+
+    def _turn_start(self, event: TurnStart) -> None:
+        turn = event.data.turn
+        if self._open_turn is not None:
+            self._fail("turn-open", event.seq, f"turn/start {turn} while turn {self._open_turn} is still open")
+        if turn != self._next_turn:
+            self._fail("turn-number", event.seq, f"turn/start expected turn {self._next_turn}, got {turn}")
+        self._open_turn = turn
+        self._next_step = 1
+        self._pending.clear()
+
+    def _turn_end(self, event: TurnEnd) -> None:
+        turn, seq = event.data.turn, event.seq
+        if turn != self._open_turn:
+            self._fail("turn-end", seq, f"turn/end {turn} does not match open turn {self._open_turn}")
+        if self._open_step is not None:
+            self._fail("turn-end-step", seq, f"turn/end {turn} while step {self._open_step} is still open")
+        self._open_turn = None
+        self._next_turn += 1
+        self._pending.clear()
+        self._last_interrupted = type(event.data.reason) is InterruptedReason
+
+    def _step_start(self, event: StepStart) -> None:
+        step_data, seq = event.data, event.seq
+        self._require_turn(seq, "step/start", step_data.turn)
+        if self._open_step is not None:
+            self._fail("step-open", seq, f"step/start {step_data.step} while step {self._open_step} is still open")
+        if step_data.step != self._next_step:
+            self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {step_data.step}")
+        self._open_step = step_data.step
+
+    def _step_end(self, event: StepEnd) -> None:
+        self._require_step(event.seq, "step/end", event.data.turn, event.data.step)
+        self._open_step = None
+        self._next_step += 1
+        self._pending.clear()
+
+    def _in_step(self, event: AssistantChunk | AssistantMessage) -> None:
+        self._require_step(event.seq, event.type, event.data.turn, event.data.step)
+
+    def _tool_call(self, event: ToolCall) -> None:
+        self._require_step(event.seq, "tool/call", event.data.turn, event.data.step)
+        self._pending.add(event.data.call_id)
+
+    def _tool_result(self, event: ToolResult) -> None:
+        result, seq = event.data, event.seq
+        self._require_step(seq, "tool/result", result.turn, result.step)
+        call_id = getattr(result.message.source, "call_id", None)
+        synthetic_not_started = getattr(result.error, "code", None) == TOOL_NOT_STARTED
+        if call_id in self._pending:
+            self._pending.discard(call_id)
+        elif not synthetic_not_started:
+            self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
+        if isinstance(call_id, str) and getattr(result.error, "code", None) == TOOL_OUTCOME_UNKNOWN:
+            self._unknown[call_id] = seq
+
+    def _in_turn(self, event: RequestHeader | RequestContext | TodoWrite) -> None:
+        if self._open_turn is None:
+            self._fail("outside-turn", event.seq, f"{event.type} outside an open turn")
 
     def _check_continue(self, event: TurnContinue) -> None:
         seq, data = event.seq, event.data
@@ -254,6 +272,33 @@ class TurnValidator:
     @staticmethod
     def _fail(rule: str, seq: int, message: str) -> None:
         raise TurnInvariantError(f"{message} (seq {seq}, rule {rule})", rule, seq)
+
+
+#: The rule of each event type (exact type; a subclass finds its base's rule through :func:`_rule_for`). Types
+#: without a rule (user messages, usage, opaque events...) only advance the seq.
+_RULES: dict[type, Callable[[TurnValidator, Any], None] | None] = {
+    TurnStart: TurnValidator._turn_start,
+    TurnEnd: TurnValidator._turn_end,
+    StepStart: TurnValidator._step_start,
+    StepEnd: TurnValidator._step_end,
+    AssistantChunk: TurnValidator._in_step,
+    AssistantMessage: TurnValidator._in_step,
+    ToolCall: TurnValidator._tool_call,
+    ToolResult: TurnValidator._tool_result,
+    TurnContinue: TurnValidator._check_continue,
+    ToolReconcile: TurnValidator._check_reconcile,
+    RequestHeader: TurnValidator._in_turn,
+    RequestContext: TurnValidator._in_turn,
+    TodoWrite: TurnValidator._in_turn,
+}
+_UNRESOLVED: Any = object()
+
+
+def _rule_for(kind: type) -> Callable[[TurnValidator, Any], None] | None:
+    """The rule of the nearest base of ``kind`` that has one (``None``: no rule), remembered for ``kind``."""
+    rule = next((_RULES[base] for base in kind.__mro__ if base in _RULES), None)
+    _RULES[kind] = rule
+    return rule
 
 
 def validate_turns(events: Iterable[SessionEvent]) -> TurnValidator:
