@@ -74,6 +74,7 @@ class JsonlWrites:
         # The other encoding's transcript may have appeared after an empty preflight (spec §1.5, place 4).
         check_target_dir(os.path.join(self._core.root, project, segment), self._core.compression)
         ensure_dir_chain(self._core.root, project, segment)
+        self._core._mark_sealed()  # a keyed backend's first write may have just created the root
         path = self._core._path_for(header)
         refusal = f'refusing to materialize "{header.id}": a log already exists on disk (load/resume it instead)'
         if is_file(path):
