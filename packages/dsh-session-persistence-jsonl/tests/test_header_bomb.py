@@ -2,7 +2,6 @@
 200 MiB (a few hundred KB on disk, under the default ``max_batch_bytes``) is damage for ``load``, ``list_page`` and
 ``verify``, and the reading process never holds the 200 MiB. Measured in a fresh process (``VmHWM``: its own peak
 resident memory), never by time."""
-# ruff: noqa: ASYNC240
 
 from __future__ import annotations
 
