@@ -10,6 +10,7 @@ only in the header. Sessions whose transcript is missing, empty, header-less or 
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 from collections.abc import Callable, Iterator
@@ -126,6 +127,10 @@ def _read_header(
         check_identity(root, compression, path, listed.header, session_id)
     except (FileNotFoundError, NotAHeaderError, SessionPersistenceError):
         return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        return None  # a symlinked transcript is refused, never followed: left out here, reported by verify
     return listed.header
 
 
@@ -231,15 +236,23 @@ def list_artifacts(root: str, compression: Compression, checkpoint: Checkpoint) 
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in children:
+            try:
+                session_id: str | None = decode_segment(entry.name)
+            except ValueError:
+                session_id = None
             if entry.is_dir(follow_symlinks=False):
                 path = os.path.join(entry.path, name)
-                if not is_file(path):
-                    continue
                 try:
-                    session_id: str | None = decode_segment(entry.name)
-                except ValueError:
-                    session_id = None
+                    if not is_file(path):
+                        continue
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        raise
+                    # A symlinked transcript: listed, so its refusal is reported for it alone.
                 out.append(StoredArtifact(session_id, path))
+            elif entry.is_symlink() and not entry.name.endswith(flat):
+                # A symlinked session directory is never followed; listed, so it is reported, never silently gone.
+                out.append(StoredArtifact(session_id, entry.path))
             elif entry.name.endswith(flat):
                 out.append(StoredArtifact(None, entry.path))
     return out
