@@ -231,6 +231,11 @@ class JsonlBackend:
         """
         return await self._writes.list_page(query)
 
+    async def index_state(self) -> str:
+        """The activity index's state: ``"ok (N sessions)"``, ``"missing ..."``, or why listings do not trust it
+        (damaged, stale: a full scan answers them until the next listing rewrites it). ``verify`` reports it."""
+        return await self._writes.index_state()
+
     async def list_artifacts(self) -> builtins.list[StoredArtifact]:
         """Every transcript file by name, readable or not (``verify`` reports the ones ``list`` leaves out)."""
         return await self._writes.list_artifacts()
