@@ -41,7 +41,14 @@ def last_event_time(
 
 def _declared(src: FdSource, compression: Compression, path: str, cap: int, keys: KeyProvider | None) -> int | None:
     walk = _Walk(compression, path, min(cap, MAX_DECLARED_BYTES), zstandard.ZstdDecompressor(), keys)
-    header, _cut, pos = _read_header(src, walk, min(walk.cap, HEADER_CAP), False, None)
+    if keys is not None:  # the header names the seal its batches are opened with
+        _read_header(src, walk, min(walk.cap, HEADER_CAP), False, None)
+    # Without keys the header is only stepped over (parsing it is most of the cost): a sealed batch then fails to
+    # decode (no time: the caller's fallback), and a log with no batch has its header read for its createdAt.
+    decl, data_start = _declaration_at(src, 0, compression)
+    if decl.count != 0 or decl.first_seq != 0:
+        return None
+    pos = data_start + decl.length
     # The complete batches, by their declarations only; the walk stops where a torn tail or damage starts (the
     # activity the log vouches for is that of its last batch before it).
     complete: list[tuple[int, int, Declaration]] = []
@@ -66,7 +73,7 @@ def _declared(src: FdSource, compression: Compression, path: str, cap: int, keys
             continue
         plaintext = walk.plaintext(walk.opened(data, decl, pos), data_start)
         return walk.events(plaintext, decl, pos)[-1].time
-    return header.created_at
+    return _read_header(src, walk, min(walk.cap, HEADER_CAP), False, None)[0].created_at
 
 
 def _legacy(fd: int, size: int, compression: Compression, path: str, cap: int) -> int | None:
