@@ -2,11 +2,13 @@
 
 Real files and real processes: the index may be missing, damaged, from another boot or stale (a foreign change, a
 copied-in session, a writer killed before it retired its session, a live writer that keeps no journal), and every
-listing must still be the truth, which these tests compute from the files themselves.
+listing must still be the truth, which these tests compute from the logs themselves: the order is each log's own
+last activity (its last event's time), never the transcript's mtime, which these tests scramble on purpose.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -20,11 +22,13 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from dsh.session_persistence.backend import ListQuery, StorageMetadata
+from dsh.session_persistence.backend import ListQuery, SessionEvent, StorageMetadata
 from dsh.session_persistence.testing import meta, one_turn_log
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._files import activity, activity_list, lifecycle
 from dsh.session_persistence_jsonl._files.activity_journal import INDEX_NAME, JOURNAL_NAME
+from dsh.session_persistence_jsonl._files.activity_key import ActivityReader
+from dsh.session_persistence_jsonl._format.v1 import BufferSource, walk_declared
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,17 +39,39 @@ CWDS = ["/home/me/alpha", "/home/me/beta"]
 OLD = time.time() - 3600
 
 
+#: Event times (ms): every write in these tests is newer than the one before it.
+CLOCK = itertools.count(1_750_000_000_000, 1000)
+
+
+def turn_at(first_seq: int = 0, when: int | None = None) -> list[SessionEvent]:
+    """One completed turn from ``first_seq`` whose events happen at ``when`` (the next tick of the clock)."""
+    at = next(CLOCK) if when is None else when
+    return [msgspec.structs.replace(e, seq=e.seq + first_seq, time=at) for e in one_turn_log()]
+
+
+def log_activity(transcript: Path) -> int:
+    """The log's own last activity, decoded by the loader (not by the listing's reader)."""
+    log = walk_declared(BufferSource(transcript.read_bytes()), "zstd", str(transcript), 1 << 26)
+    return log.events[-1].time if log.events else log.header.created_at
+
+
 def truth(root: Path, limit: int) -> list[str]:
-    """The first ``limit`` session ids newest first, from the transcripts' own ``stat``."""
+    """The first ``limit`` session ids newest first, from the logs' own last activity."""
     rows = []
     for project in root.iterdir():
         if not project.is_dir():
             continue
         for session in project.iterdir():
             transcript = session / "session.jsonl.zstd"
-            if transcript.exists():
-                rows.append((-(transcript.stat().st_mtime_ns // 1_000_000), session.name))
+            if transcript.exists() and not transcript.is_symlink():
+                rows.append((-log_activity(transcript), session.name))
     return [name for _key, name in sorted(rows)[:limit]]
+
+
+def foreign_append(path: Path, when: int | None = None) -> None:
+    """A turn appended in place by a program that keeps no journal (a 0.2 writer): the index hears nothing."""
+    log = walk_declared(BufferSource(path.read_bytes()), "zstd", str(path), 1 << 26)
+    append_bytes(path, JsonlBackend(path.parent)._core._encode_batch(turn_at(len(log.events), when), None))
 
 
 async def listed(backend: JsonlBackend, limit: int) -> list[str]:
@@ -54,8 +80,9 @@ async def listed(backend: JsonlBackend, limit: int) -> list[str]:
 
 def through_index(root: Path, limit: int) -> list[str] | None:
     """The page the index alone proves (``None``: it sends the listing to a full scan)."""
+    reader = ActivityReader("zstd", 1 << 26, None)
     rows = activity_list.indexed_page(
-        str(root), "zstd", ListQuery(limit=limit), 1 << 26, lambda: None, lifecycle._read_header
+        str(root), "zstd", ListQuery(limit=limit), 1 << 26, lambda: None, lifecycle._read_header, reader
     )
     return None if rows is None else [row.id for row in rows]
 
@@ -85,16 +112,18 @@ def age(path: Path, seconds_ago: float) -> None:
 
 
 async def build(root: Path, count: int) -> JsonlBackend:
-    """``count`` sessions ``s00``.. with increasing activity, every directory aged, then a listing (the index)."""
+    """``count`` sessions ``s00``.. with increasing activity, every directory aged, then a listing (the index).
+
+    The transcripts' mtimes run the other way (``s00`` the newest file): only the logs' own times order them."""
     backend = JsonlBackend(root)
     for n in range(count):
         header = meta(f"s{n:02d}", CWDS[n % 2], created_at=1000 + n)
         lease = await backend.acquire_writer_lease(header)  # as the coordinator writes: under the lease
-        await backend.append_batch(StorageMetadata(header), one_turn_log(), False)
+        await backend.append_batch(StorageMetadata(header), turn_at(), False)
         await lease.release()
     await backend.aclose()
     for n in range(count):
-        age(Path(backend.locate(meta(f"s{n:02d}", CWDS[n % 2])).path), 1000 - n)
+        age(Path(backend.locate(meta(f"s{n:02d}", CWDS[n % 2])).path), 1000 + n)
     age_directories(root)
     backend = JsonlBackend(root)
     assert await listed(backend, 5) == truth(root, 5)  # the first listing scans and writes the index
@@ -112,8 +141,7 @@ async def test_a_write_through_the_backend_moves_its_session_first(tmp_path: Pat
     backend = await build(tmp_path, 10)
     stored = StorageMetadata(meta("s00", CWDS[0], created_at=1000))
     # One more completed turn after the six stored events.
-    batch = [msgspec.structs.replace(e, seq=e.seq + 6) for e in one_turn_log()]
-    await backend.append_batch(stored, batch, True)
+    await backend.append_batch(stored, turn_at(6), True)
     assert through_index(tmp_path, 3) == truth(tmp_path, 3)
     assert truth(tmp_path, 1) == ["s00"]
     assert await listed(backend, 3) == truth(tmp_path, 3)
@@ -123,8 +151,7 @@ async def test_a_session_written_and_released_between_two_listings_moves_first(t
     backend = await build(tmp_path, 8)
     header = meta("s01", CWDS[1], created_at=1001)
     lease = await backend.acquire_writer_lease(header)  # announced and retired, both after the index's point
-    batch = [msgspec.structs.replace(e, seq=e.seq + 6) for e in one_turn_log()]
-    await backend.append_batch(StorageMetadata(header), batch, True)
+    await backend.append_batch(StorageMetadata(header), turn_at(6), True)
     await lease.release()
     assert truth(tmp_path, 1) == ["s01"]
     assert through_index(tmp_path, 3) == truth(tmp_path, 3)
@@ -143,8 +170,7 @@ async def test_changes_since_the_sorted_body_are_proved_like_it(
         lease = await backend.acquire_writer_lease(header)
         stored = await backend.load_stored(name)
         assert stored is not None
-        batch = [msgspec.structs.replace(e, seq=e.seq + len(stored.events)) for e in one_turn_log()]
-        await backend.append_batch(StorageMetadata(header), batch, True)
+        await backend.append_batch(StorageMetadata(header), turn_at(len(stored.events)), True)
         await lease.release()
         age_directories(tmp_path)
         assert await listed(backend, 20) == truth(tmp_path, 20), tick
@@ -159,7 +185,7 @@ async def test_a_missing_or_damaged_index_is_rebuilt_and_the_listing_stays_true(
     index = tmp_path / INDEX_NAME
     data = index.read_bytes()
     # Change the truth behind the index's back, where only a scan sees it: the oldest session becomes the newest.
-    age(Path(backend.locate(meta("s00", CWDS[0])).path), 0)
+    foreign_append(Path(backend.locate(meta("s00", CWDS[0])).path))
     if damage == "missing":
         index.unlink()
     elif damage == "garbage":
@@ -180,16 +206,31 @@ async def test_a_missing_or_damaged_index_is_rebuilt_and_the_listing_stays_true(
 
 async def test_a_row_whose_file_changed_is_put_in_its_real_place(tmp_path: Path) -> None:
     backend = await build(tmp_path, 8)
-    # A foreign change the index did not hear of: the newest session is made the oldest (its row is stat'ed).
-    age(Path(backend.locate(meta("s07", CWDS[1])).path), 5000)
+    # A foreign change the index did not hear of: the newest session's log is replaced in place by an older one
+    # (its row is stat'ed, its activity read again).
+    path = Path(backend.locate(meta("s07", CWDS[1])).path)
+    scratch = JsonlBackend(tmp_path.parent / (tmp_path.name + "-scratch"))
+    header = meta("s07", CWDS[1], created_at=1007)
+    await scratch.append_batch(StorageMetadata(header), turn_at(0, when=1_000_000), False)
+    shutil.copyfile(scratch.locate(header).path, path)  # in place: the same inode, other bytes
     assert through_index(tmp_path, 3) == truth(tmp_path, 3) == ["s06", "s05", "s04"]
     assert await listed(backend, 8) == truth(tmp_path, 8)
+
+
+async def test_a_touched_transcript_keeps_its_place(tmp_path: Path) -> None:
+    backend = await build(tmp_path, 8)
+    # touch(1) into the past and into the future: the files' mtimes change, the logs' activity does not.
+    age(Path(backend.locate(meta("s07", CWDS[1])).path), 50_000)
+    age(Path(backend.locate(meta("s00", CWDS[0])).path), -50_000)
+    assert through_index(tmp_path, 3) == truth(tmp_path, 3) == ["s07", "s06", "s05"]
+    assert await listed(backend, 8) == truth(tmp_path, 8)
+    assert truth(tmp_path, 8)[-1] == "s00"
 
 
 async def test_a_row_that_belongs_before_rows_already_chosen_sends_the_listing_to_a_scan(tmp_path: Path) -> None:
     backend = await build(tmp_path, 8)
     # Made the newest in place behind the index's back: found only when the listing reaches its row.
-    age(Path(backend.locate(meta("s02", CWDS[0])).path), -1)
+    foreign_append(Path(backend.locate(meta("s02", CWDS[0])).path))
     assert through_index(tmp_path, 8) is None
     assert await listed(backend, 8) == truth(tmp_path, 8)
     assert truth(tmp_path, 1) == ["s02"]
@@ -199,7 +240,7 @@ async def test_a_session_copied_in_by_another_program_is_listed(tmp_path: Path) 
     root = tmp_path / "root"
     backend = await build(root, 6)
     elsewhere = JsonlBackend(tmp_path / "elsewhere")
-    await elsewhere.append_batch(StorageMetadata(meta("copied", CWDS[0])), one_turn_log(), False)
+    await elsewhere.append_batch(StorageMetadata(meta("copied", CWDS[0])), turn_at(), False)
     source = Path(elsewhere.locate(meta("copied", CWDS[0])).path).parent
     target = Path(backend.locate(meta("copied", CWDS[0])).path).parent
     shutil.copytree(source, target)  # no journal record: only the project directory's mtime tells
@@ -212,7 +253,7 @@ async def test_a_writer_killed_before_it_retires_its_session_leaves_it_looked_at
     backend = await build(tmp_path, 6)
     script = textwrap.dedent(
         f"""
-        import os, signal, sys, anyio
+        import os, signal, sys, anyio, msgspec
         from dsh.session_persistence.backend import StorageMetadata
         from dsh.session_persistence.testing import meta, one_turn_log
         from dsh.session_persistence_jsonl import JsonlBackend
@@ -220,12 +261,11 @@ async def test_a_writer_killed_before_it_retires_its_session_leaves_it_looked_at
         async def main():
             backend = JsonlBackend({str(tmp_path)!r})
             await backend.acquire_writer_lease(meta("killed", {CWDS[0]!r}))
-            await backend.append_batch(StorageMetadata(meta("killed", {CWDS[0]!r})), one_turn_log()[:3], False)
-            path = backend.locate(meta("killed", {CWDS[0]!r})).path
-            os.utime(path, (1, 1))  # its first batch looks ancient
+            first = [msgspec.structs.replace(e, time=1) for e in one_turn_log()[:3]]  # an ancient first batch
+            await backend.append_batch(StorageMetadata(meta("killed", {CWDS[0]!r})), first, False)
             print("ready", flush=True)
             sys.stdin.readline()
-            events = one_turn_log()[3:]
+            events = [msgspec.structs.replace(e, time={next(CLOCK) + 10**9}) for e in one_turn_log()[3:]]
             await backend.append_batch(StorageMetadata(meta("killed", {CWDS[0]!r})), events, True)
             print("committed", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # before the lease's release could retire it
@@ -260,7 +300,8 @@ async def test_a_live_writer_that_keeps_no_journal_sends_the_listing_to_a_scan(t
         import fcntl, os, sys, time
         fd = os.open({str(transcript.parent / "session.lock")!r}, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.utime({str(transcript)!r}, None)
+        with open({str(transcript)!r}, "ab") as fh:
+            fh.write({JsonlBackend(tmp_path)._core._encode_batch(turn_at(6), None)!r})
         print("ready", flush=True)
         sys.stdin.readline()
         """
@@ -271,7 +312,7 @@ async def test_a_live_writer_that_keeps_no_journal_sends_the_listing_to_a_scan(t
         assert through_index(tmp_path, 2) is None
         assert await listed(backend, 2) == truth(tmp_path, 2) == ["s00", "s05"]
         # Its session is looked at while it lives: another in-place change is seen without a scan.
-        age(transcript, -1)
+        foreign_append(transcript)
         assert through_index(tmp_path, 2) == truth(tmp_path, 2) == ["s00", "s05"]
         proc.stdin.close()
         proc.wait(timeout=30)
@@ -281,7 +322,7 @@ async def test_a_live_writer_that_keeps_no_journal_sends_the_listing_to_a_scan(t
 async def test_a_journal_that_is_not_ours_sends_the_listing_to_a_scan(tmp_path: Path) -> None:
     backend = await build(tmp_path, 6)
     append_bytes(tmp_path / JOURNAL_NAME, b"not a record\n")
-    age(Path(backend.locate(meta("s01", CWDS[1])).path), -1)
+    foreign_append(Path(backend.locate(meta("s01", CWDS[1])).path))
     assert through_index(tmp_path, 2) is None
     assert await listed(backend, 2) == truth(tmp_path, 2) == ["s01", "s05"]
 
@@ -293,18 +334,19 @@ async def test_the_index_is_never_synced_nor_locked_on_the_write_path(tmp_path: 
     os.unlink(tmp_path / JOURNAL_NAME)
     os.mkdir(tmp_path / JOURNAL_NAME)
     fresh = JsonlBackend(tmp_path)
-    await fresh.append_batch(StorageMetadata(meta("new", CWDS[0])), one_turn_log(), False)
+    await fresh.append_batch(StorageMetadata(meta("new", CWDS[0])), turn_at(), False)
     assert not (tmp_path / INDEX_NAME).exists()
     assert await listed(backend, 2) == truth(tmp_path, 2) == ["new", "s03"]
 
 
 # -- a property: whatever happens between listings, the page is the truth ------------------------------------
 # (Every change but the one the index documents it cannot see: a transcript changed in place, to a newer time,
-# by a program that keeps no journal and holds no lock; "older" is such a change the other way, which it sees.)
+# by a program that keeps no journal and holds no lock; "touch" changes a file's mtime both ways, which must move
+# nothing.)
 
 _OPS = st.lists(
     st.tuples(
-        st.sampled_from(["write", "new", "older", "copy-in", "remove", "drop-index", "damage-index"]),
+        st.sampled_from(["write", "new", "touch", "copy-in", "remove", "drop-index", "damage-index"]),
         st.integers(0, 7),
     ),
     min_size=1,
@@ -332,18 +374,17 @@ async def _play(root: Path, ops: list[tuple[str, int]], limits: list[int]) -> No
         if op == "write" and target and target.startswith("s") and path and path.exists():
             head = await backend.load_stored(target)
             seq = len(head.events) if head is not None else 0
-            batch = [msgspec.structs.replace(e, seq=e.seq + seq) for e in one_turn_log()]
-            await backend.append_batch(StorageMetadata(meta(target, cwd)), batch, True)
+            await backend.append_batch(StorageMetadata(meta(target, cwd)), turn_at(seq), True)
         elif op == "new":
             made += 1
-            await backend.append_batch(StorageMetadata(meta(f"n{made:02d}", CWDS[made % 2])), one_turn_log(), False)
-        elif op == "older" and path and path.exists():
-            age(path, 10_000 + tick)
+            await backend.append_batch(StorageMetadata(meta(f"n{made:02d}", CWDS[made % 2])), turn_at(), False)
+        elif op == "touch" and path and path.exists():
+            age(path, (10_000 + tick) * (1 if pick % 2 else -1))
         elif op == "copy-in":
             made += 1
             other = JsonlBackend(root.parent / f"elsewhere-{tick}")
             header = meta(f"c{made:02d}", CWDS[made % 2])
-            await other.append_batch(StorageMetadata(header), one_turn_log(), False)
+            await other.append_batch(StorageMetadata(header), turn_at(), False)
             shutil.copytree(Path(other.locate(header).path).parent, Path(backend.locate(header).path).parent)
         elif op == "remove" and path and path.exists():
             shutil.rmtree(path.parent)

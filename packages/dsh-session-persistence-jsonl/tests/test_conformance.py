@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import ClassVar
 
+import msgspec
 import pytest
-from dsh.session_persistence.backend import SessionBackend
-from dsh.session_persistence.testing import BackendConformance
+from dsh.session_persistence.backend import ListQuery, SessionBackend
+from dsh.session_persistence.testing import WORK, BackendConformance, ConformanceRig, meta, one_turn_log, simple_turn
 from dsh.session_persistence_jsonl import JsonlBackend
+from dsh.session_persistence_jsonl._files import activity, activity_list
+from dsh.session_persistence_jsonl._files.activity import Entry
 from dsh.session_persistence_jsonl._format.v1 import BufferSource, encode_declared_batch, walk_declared
 
+#: The kit's fixed "now" (2026-01-31T00:00:00Z) and a day, in milliseconds.
+NOW_MS = 1_769_817_600_000
+DAY_MS = 86_400_000
 # A batch whose write never finished: what a crash in the middle of an append leaves behind.
 _TORN_LINE = b'{"type":"turn/end","seq":%d,"time":0,"data":{}}\n'
 
@@ -43,7 +48,31 @@ class TestJsonlConformance(BackendConformance):
         assert isinstance(backend, JsonlBackend)
         matches = [p for p in Path(backend.root).rglob("session.jsonl*") if p.parent.name == session_id]  # noqa: ASYNC240
         assert len(matches) == 1, matches
-        os.utime(matches[0], ns=(updated_at_ms * 1_000_000, updated_at_ms * 1_000_000))
+        # The activity a listing reports is the log's own last event time, which the activity index caches while
+        # the transcript's stat is unchanged: the cache is told the time (the events stay as the kit wrote them),
+        # and the file's mtime is left alone (it plays no part).
+        path = matches[0]
+        await backend.list_page(ListQuery(limit=1))  # the index exists
+        snap = activity.load(backend.root, backend.compression, None)
+        assert snap is not None
+        entries = {e.rel: e for e in snap.all_entries()}
+        st, rel = path.stat(), f"{path.parent.parent.name}/{path.parent.name}"
+        old = entries[rel]
+        entries[rel] = Entry(st.st_mtime_ns, st.st_size, st.st_ino, updated_at_ms, old.dir_ino, old.project, old.name)
+        activity.write(backend.root, snap.state, list(entries.values()), activity_list._sort_key, snap.lock_inodes())
+
+    async def test_compact_does_not_count_as_activity(self, conformance: ConformanceRig) -> None:
+        """The kit's case with the activity in the log itself: ``set_activity`` can only tell the index's cache,
+        which a compaction's new file rightly drops; the compacted log keeps its last event, so its activity."""
+        at = NOW_MS - DAY_MS
+        events = [msgspec.structs.replace(e, time=at) for e in [*one_turn_log(), *simple_turn(6, 2)]]
+        async with conformance.open() as p:
+            await p.persistence.create(meta("old", WORK))
+            await p.persistence.append("old", events)
+        async with conformance.open() as p:
+            await p.persistence.compact("old")
+            (row,) = (await p.persistence.list_page()).entries
+        assert row.updated_at == at
 
     async def inject_torn_tail(self, backend: SessionBackend, session_id: str) -> None:
         assert isinstance(backend, JsonlBackend)

@@ -61,7 +61,8 @@ def _sql(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, 
 async def _write(
     dsn: str, schema: str, session_id: str, events: list[SessionEvent], keys: StaticKeyProvider | None
 ) -> None:
-    backend = PostgresBackend(dsn, schema=schema, encryption=keys)
+    # These tests mix plaintext and sealed sessions in one store on purpose (test_sealed_store.py: the refusal).
+    backend = PostgresBackend(dsn, schema=schema, encryption=keys, allow_plaintext=keys is None)
     try:
         await backend.append_batch(StorageMetadata(meta(session_id)), events[:1], False)
         await backend.append_batch(StorageMetadata(meta(session_id)), events[1:], True)

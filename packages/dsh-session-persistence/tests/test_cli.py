@@ -88,7 +88,8 @@ def transcript(root: Path, session_id: str) -> Path:
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    """Two sessions: ``done`` (balanced, older) and ``crashed`` (open turn, newer)."""
+    """Two sessions: ``done`` (balanced, created first, its last event at 1005) and ``crashed`` (open turn,
+    created and written last, its last event at 1004: older by its log, whatever the files' mtimes say)."""
     path = tmp_path / "sessions"
     plant(path, "done", one_turn_log(), created_at=1_000)
     plant(path, "crashed", crashed_log(), created_at=2_000)
@@ -125,9 +126,10 @@ def test_list_newest_first_with_counts_and_status(root: Path) -> None:
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].split() == ["ID", "LAST", "ACTIVITY", "TURNS", "EVENTS", "SIZE", "STATUS", "CWD", "TITLE"]
-    assert [line.split()[0] for line in lines[1:]] == ["crashed", "done"]
-    assert "interrupted" in lines[1].split() and "ok" in lines[2].split()
-    assert lines[1].endswith(f"{WORK}  pay and send the receipt") and lines[2].endswith(f"{WORK}  hi")
+    # Most recent activity first, by each log's last event (never the files' mtimes: crashed was written last).
+    assert [line.split()[0] for line in lines[1:]] == ["done", "crashed"]
+    assert "ok" in lines[1].split() and "interrupted" in lines[2].split()
+    assert lines[1].endswith(f"{WORK}  hi") and lines[2].endswith(f"{WORK}  pay and send the receipt")
     assert result.err == ""  # no progress indicator: stderr is not a terminal
 
 
@@ -136,8 +138,8 @@ def test_list_json_shape(root: Path) -> None:
     assert result.code == 0, result.err
     doc = result.json()
     assert doc["root"] == str(root) and doc["backend"] == "jsonl"
-    crashed, done = doc["sessions"]
-    assert (crashed["id"], done["id"]) == ("crashed", "done")
+    done, crashed = doc["sessions"]
+    assert (done["id"], crashed["id"]) == ("done", "crashed")  # by each log's last event
     assert done["events"] == 6 and crashed["events"] == 5
     assert crashed["pendingClosers"] == ["tool/result", "tool/result", "step/end", "turn/end"]
     assert crashed["status"] == "interrupted" and crashed["recoverable"] is True

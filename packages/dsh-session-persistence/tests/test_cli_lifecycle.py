@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from dsh.session_persistence._cli import main
 from dsh.session_persistence.backend import StorageMetadata
@@ -116,7 +117,10 @@ def plant(
     compression: str = "zstd",
     **extra: Any,
 ) -> Path:
-    """Store ``events`` in batches of ``batch`` (one frame each), then age the transcript by ``age_days``."""
+    """Store ``events`` in batches of ``batch`` (one frame each), aged by ``age_days``: the log's own events happen
+    then (its last activity, which listing, ``--since`` and ``prune`` follow), and its file's mtime says so too."""
+    stamp = NOW - age_days * DAY_S
+    events = [msgspec.structs.replace(e, time=int(stamp * 1000)) for e in events]
 
     async def write() -> None:
         backend = JsonlBackend(root, compression=compression)  # type: ignore[arg-type]
@@ -126,7 +130,6 @@ def plant(
 
     anyio.run(write)
     path = transcript(root, session_id, cwd, compression)
-    stamp = NOW - age_days * DAY_S
     os.utime(path, (stamp, stamp))
     return path
 
@@ -379,9 +382,8 @@ def test_a_session_live_in_another_process_is_refused_with_its_holder(root: Path
         assert f"pid {held.pid}" in run.err and "locked" in run.err
         as_json = dsh("--root", str(root), *argv, "--json")
         assert error_doc(as_json)["code"] == "locked"
-    # Its last write made it recent; age it again, so the policy selects it and only the lease protects it.
-    stamp = NOW - 40 * DAY_S
-    os.utime(transcript(root, "month"), (stamp, stamp))
+    # Its last event (the holder's turn/start, stamped in 1970 by the test helper) leaves it old: the policy
+    # selects it and only the lease protects it.
     pruned = dsh("--root", str(root), "prune", "--older-than", "30d", "--yes", "--json").json()
     assert "month" not in pruned["deleted"] and [s["id"] for s in pruned["skipped"]] == ["month"]
     assert pruned["deleted"] == ["season", "year"]

@@ -11,8 +11,17 @@ from __future__ import annotations
 
 from ._facade import JsonlBackend, SessionLogExistsError
 from ._files.discovery import Damaged
+from ._files.sealed_store import SealedStoreError
 from ._format.v0 import TornTail
 from ._format.v1 import BatchTooLargeError
 from ._format.v1_damage import DamagedTail
 
-__all__ = ["BatchTooLargeError", "Damaged", "DamagedTail", "JsonlBackend", "SessionLogExistsError", "TornTail"]
+__all__ = [
+    "BatchTooLargeError",
+    "Damaged",
+    "DamagedTail",
+    "JsonlBackend",
+    "SealedStoreError",
+    "SessionLogExistsError",
+    "TornTail",
+]

@@ -25,6 +25,7 @@ from dsh.session_persistence.backend import (
 )
 
 from ._backend_core import JsonlCore, _checkpoint, _cwd_of, _exists_error
+from ._files.activity_check import index_state
 from ._files.discovery import check_identity, check_target_dir, find_transcript
 from ._files.fs import (
     append_durable,
@@ -74,6 +75,7 @@ class JsonlWrites:
         # The other encoding's transcript may have appeared after an empty preflight (spec §1.5, place 4).
         check_target_dir(os.path.join(self._core.root, project, segment), self._core.compression)
         ensure_dir_chain(self._core.root, project, segment)
+        self._core._mark_sealed()  # a keyed backend's first write may have just created the root
         path = self._core._path_for(header)
         refusal = f'refusing to materialize "{header.id}": a log already exists on disk (load/resume it instead)'
         if is_file(path):
@@ -291,9 +293,16 @@ class JsonlWrites:
 
         def work() -> builtins.list[SessionListing]:
             self._core._ensure_preflight()
-            return list_rows(self._core.root, self._core.compression, query, self._core.max_batch_bytes, _checkpoint)
+            core = self._core
+            return list_rows(core.root, core.compression, query, core.max_batch_bytes, _checkpoint, core.encryption)
 
         return await self._core._run(work, "listing sessions")
+
+    async def index_state(self) -> str:
+        """The activity index's state, as ``verify`` reports it (a cache: never an error of the store)."""
+        return await self._core._run(
+            lambda: index_state(self._core.root, self._core.compression), "checking the activity index"
+        )
 
     async def list_artifacts(self) -> builtins.list[StoredArtifact]:
         return await self._core._run(

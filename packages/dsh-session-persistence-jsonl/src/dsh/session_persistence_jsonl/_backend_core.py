@@ -38,6 +38,8 @@ from ._files.fs import (
 from ._files.held_append import HeldAppender
 from ._files.layout import transcript_path
 from ._files.lease import JsonlWriterLease
+from ._files.sealed_store import is_sealed, mark_sealed
+from ._files.sealed_store import refusal as sealed_store_refusal
 from ._files.seq_guard import NextSeqCache
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
 from ._format.frames import Compression
@@ -114,6 +116,7 @@ class JsonlCore:
         pack_chunks: bool = True,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         encryption: KeyProvider | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
         if compression not in ("zstd", "none"):
             raise ValueError(f'compression must be "zstd" or "none", got {compression!r}')
@@ -132,6 +135,11 @@ class JsonlCore:
                 raise TypeError(f"encryption must be a KeyProvider, got {type(encryption).__name__}")
             check_cipher_available()
         self.encryption = encryption
+        if type(allow_plaintext) is not bool:
+            raise TypeError(f"allow_plaintext must be a bool, got {type(allow_plaintext).__name__}")
+        self.allow_plaintext = allow_plaintext
+        # Whether the root is known to carry the sealed-store marker (it is never taken away by this package).
+        self._store_sealed = False
         # Transcript path -> ((dev, ino), its seal): a replace (compact, rewrite) makes a new inode and a new header.
         self._seals: dict[str, tuple[tuple[int, int], BatchSeal | None]] = {}
         self._preflight_done = False
@@ -225,6 +233,7 @@ class JsonlCore:
         record of one this step leaves; first the transcript at ``path`` is announced to the activity index and,
         under a held lease, its lock file is checked (the one place every write passes, whichever thread runs
         it)."""
+        self._guard_sealed_store(session_id)
         self._activity.announce(path)  # before any write, so a listing's index never misses this session
         lease = self._leases.get(session_id)
         if lease is not None:
@@ -236,6 +245,21 @@ class JsonlCore:
         except UnsyncedError as exc:
             self._unsynced[session_id] = exc.pending
             raise
+
+    def _guard_sealed_store(self, session_id: str) -> None:
+        """Before a write of session data: a keyless backend refuses a sealed store (unless it opted out); a keyed
+        one marks the store sealed first (a missing root is marked by the materialize that creates it)."""
+        if self.encryption is None:
+            if not self.allow_plaintext and (self._store_sealed or is_sealed(self.root)):
+                self._store_sealed = True
+                raise sealed_store_refusal(self.root, session_id)
+        elif not self._store_sealed and os.path.isdir(self.root):
+            self._mark_sealed()
+
+    def _mark_sealed(self) -> None:
+        if self.encryption is not None and not self._store_sealed:
+            mark_sealed(self.root)
+            self._store_sealed = True
 
     def _settle_unsynced(self, session_id: str) -> None:
         """Make good a write of ``session_id`` whose sync failed (write its bytes again and sync, or sync its

@@ -54,6 +54,11 @@ class JsonlBackend:
     :param max_batch_bytes: the largest batch this backend writes or reads, compressed and decompressed
         (default 256 MiB, far above any real batch). A stored batch or frame that declares more is reported as
         damage instead of being allocated; a batch that would need more is refused before anything is written.
+    :param encryption: a key provider: every new session is sealed, and the store is marked sealed at its root
+        (``.dsh-sealed``) before the first sealed bytes are written.
+    :param allow_plaintext: without ``encryption``, a store marked sealed refuses every write of session data
+        (:class:`~dsh.session_persistence_jsonl.SealedStoreError`, nothing written) unless this is ``True``: a
+        forgotten key never writes plaintext sessions into a sealed store. Reads, listing and deletion need no key.
 
     Every storage failure surfaces as :class:`SessionStorageError` (errno and path kept, the ``OSError``
     chained); a write whose outcome is unknown as :class:`SessionWriteInDoubtError`.
@@ -80,8 +85,9 @@ class JsonlBackend:
         pack_chunks: bool = True,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         encryption: KeyProvider | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
-        self._core = JsonlCore(root, compression, pack_chunks, max_batch_bytes, encryption)
+        self._core = JsonlCore(root, compression, pack_chunks, max_batch_bytes, encryption, allow_plaintext)
         self._reads = JsonlReads(self._core)
         self._writes = JsonlWrites(self._core)
 
@@ -108,6 +114,10 @@ class JsonlBackend:
     @property
     def encryption(self) -> KeyProvider | None:
         return self._core.encryption
+
+    @property
+    def allow_plaintext(self) -> bool:
+        return self._core.allow_plaintext
 
     @property
     def name(self) -> str:
@@ -229,6 +239,11 @@ class JsonlBackend:
         missing or unprovable index costs one ``stat`` per session, once, and is rebuilt.
         """
         return await self._writes.list_page(query)
+
+    async def index_state(self) -> str:
+        """The activity index's state: ``"ok (N sessions)"``, ``"missing ..."``, or why listings do not trust it
+        (damaged, stale: a full scan answers them until the next listing rewrites it). ``verify`` reports it."""
+        return await self._writes.index_state()
 
     async def list_artifacts(self) -> builtins.list[StoredArtifact]:
         """Every transcript file by name, readable or not (``verify`` reports the ones ``list`` leaves out)."""

@@ -13,7 +13,7 @@ it is loaded when the first ``PostgresBackend`` is built.
 from __future__ import annotations
 
 from ._backend import PostgresBackend
-from ._errors import PostgresConfigurationError, SchemaVersionError, WeakDurabilityError
+from ._errors import PostgresConfigurationError, SchemaVersionError, SealedStoreError, WeakDurabilityError
 from ._limits import MAX_IDENTIFIER_BYTES, SCHEMA_VERSION, SEALED_SCHEMA_VERSION
 
 NAME = PostgresBackend.NAME
@@ -26,5 +26,6 @@ __all__ = [
     "PostgresBackend",
     "PostgresConfigurationError",
     "SchemaVersionError",
+    "SealedStoreError",
     "WeakDurabilityError",
 ]

@@ -91,7 +91,9 @@ class PostgresBackend:
     ``encryption`` (a :class:`~dsh.session_persistence.encryption.KeyProvider`; needs the ``cryptography``
     package, the ``[encryption]`` extra) seals every event body of the sessions this backend creates with
     AES-256-GCM under the provider's current key, and opens sealed rows with any key it still holds (see
-    :mod:`._sealing`). Listing, ``delete`` and the lease need no key.
+    :mod:`._sealing`). Listing, ``delete`` and the lease need no key. A store that holds sealed sessions says so
+    (schema v2); there a backend without ``encryption`` refuses to write plaintext rows
+    (:class:`~dsh.session_persistence_postgres.SealedStoreError`, nothing written) unless ``allow_plaintext=True``.
     """
 
     NAME = "postgres"
@@ -115,6 +117,7 @@ class PostgresBackend:
         allow_weak_durability: bool = False,
         writer_lease: bool = False,
         encryption: KeyProvider | None = None,
+        allow_plaintext: bool = False,
     ) -> None:
         from psycopg_pool import ConnectionPool
 
@@ -160,7 +163,9 @@ class PostgresBackend:
         self._scope = f"postgres:{_where(conninfo, pool)}/{schema}"
         self._writer_lease = writer_lease
         self._leases: list[AdvisoryLease] = []
-        self._store = SyncStore(connections, self._tables, self._codec, self._settings, RowSealer(encryption))
+        self._store = SyncStore(
+            connections, self._tables, self._codec, self._settings, RowSealer(encryption, allow_plaintext)
+        )
         self._chains = WriteChains()
         self._closed = False
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ._core import SessionFormatUnsupportedError, SessionPersistenceError
+from ._core import SessionFormatUnsupportedError, SessionKeyError, SessionPersistenceError
 
-__all__ = ["PostgresConfigurationError", "SchemaVersionError", "WeakDurabilityError"]
+__all__ = ["PostgresConfigurationError", "SchemaVersionError", "SealedStoreError", "WeakDurabilityError"]
 
 
 class PostgresConfigurationError(SessionPersistenceError, ValueError):
@@ -26,3 +26,9 @@ class SchemaVersionError(SessionFormatUnsupportedError):
     def __init__(self, message: str, version: int) -> None:
         super().__init__(message)
         self.version = version
+
+
+class SealedStoreError(SessionKeyError):
+    """A backend without keys was asked to write plaintext rows into a store whose schema version says it holds
+    sealed sessions (:data:`SEALED_SCHEMA_VERSION`). Give the store's keys, or opt out on purpose with
+    ``allow_plaintext=True`` (``dsh-sessions -o allow_plaintext=true``). Nothing was written."""

@@ -223,8 +223,8 @@ def _column_exists(conn: _Conn, schema: str, table: str, column: str) -> bool:
     )
 
 
-def ensure_schema(conn: _Conn, t: Tables, sealing: bool = False) -> str:
-    """Create the schema if absent, refuse one of another version; return the store id.
+def ensure_schema(conn: _Conn, t: Tables, sealing: bool = False) -> tuple[str, int]:
+    """Create the schema if absent, refuse one of another version; return the store id and the schema version.
 
     ``sealing`` (a backend given keys): the store is made v2 (:data:`SEALED_SCHEMA_VERSION`) before anything
     sealed is written to it. ``conn`` must be idle: this runs its own transaction.
@@ -241,7 +241,7 @@ def ensure_schema(conn: _Conn, t: Tables, sealing: bool = False) -> str:
                 sql.SQL("INSERT INTO {meta} (version, store_id) VALUES (%s, %s)").format(meta=t.meta),
                 (SEALED_SCHEMA_VERSION if sealing else SCHEMA_VERSION, store_id),
             )
-            return store_id
+            return store_id, SEALED_SCHEMA_VERSION if sealing else SCHEMA_VERSION
         found = conn.execute(sql.SQL("SELECT version, store_id FROM {meta}").format(meta=t.meta)).fetchone()
         if found is not None and int(found[0]) in (SCHEMA_VERSION, SEALED_SCHEMA_VERSION):
             if not _trigger_exists(conn, t.schema_name, UPDATE_TRIGGER):
@@ -253,6 +253,7 @@ def ensure_schema(conn: _Conn, t: Tables, sealing: bool = False) -> str:
                     conn.execute(statement)
             if sealing and int(found[0]) == SCHEMA_VERSION:
                 conn.execute(sql.SQL("UPDATE {meta} SET version = %s").format(meta=t.meta), (SEALED_SCHEMA_VERSION,))
+                found = (SEALED_SCHEMA_VERSION, found[1])
     if found is None:
         raise SchemaVersionError(f'dsh schema in "{t.schema_name}" has no version row', 0)
     version, store_id = int(found[0]), str(found[1])
@@ -269,4 +270,4 @@ def ensure_schema(conn: _Conn, t: Tables, sealing: bool = False) -> str:
                 f"supported v{SCHEMA_VERSION}, and this build ships no upgrade path for it"
             )
         raise SchemaVersionError(message, version)
-    return store_id
+    return store_id, version

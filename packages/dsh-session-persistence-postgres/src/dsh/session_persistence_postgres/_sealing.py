@@ -38,6 +38,8 @@ from ._core import (
     open_sealed,
     seal,
 )
+from ._errors import SealedStoreError
+from ._limits import SEALED_SCHEMA_VERSION
 
 __all__ = ["Row", "RowSealer", "SealCache", "SealedRows", "StoredRow", "new_seal_id"]
 
@@ -97,8 +99,11 @@ class SealedRows:
 class RowSealer:
     """Seals and opens one store's rows with ``keys`` (``None``: a backend without keys; plaintext only)."""
 
-    def __init__(self, keys: KeyProvider | None) -> None:
+    def __init__(self, keys: KeyProvider | None, allow_plaintext: bool = False) -> None:
         self.keys = keys
+        self.allow_plaintext = allow_plaintext
+        #: The store's schema version says it holds sealed sessions (set when the backend starts).
+        self.sealed_store = False
 
     def _key(self, session_id: str, key_id: str, what: str) -> bytes:
         if self.keys is None:
@@ -117,6 +122,13 @@ class RowSealer:
         seqs = [seq for seq, _c, _b in rows]
         flags = [compressed for _s, compressed, _b in rows]
         if seal_id is None:
+            if self.keys is None and self.sealed_store and not self.allow_plaintext:
+                raise SealedStoreError(
+                    f'refusing to write session "{session_id}" as plaintext: the store\'s schema version '
+                    f"(v{SEALED_SCHEMA_VERSION}) says it holds sealed sessions and this backend has no key provider "
+                    "(encryption=); give the store's keys, or opt out on purpose with allow_plaintext=True "
+                    "(dsh-sessions: -o allow_plaintext=true). Nothing was written"
+                )
             return SealedRows(seqs, flags, [body for _s, _c, body in rows], [None] * len(rows), [None] * len(rows))
         if self.keys is None:
             raise SessionKeyError(

@@ -36,6 +36,7 @@ from ._core import (
     header_to_builtins,
 )
 from ._errors import WeakDurabilityError
+from ._limits import SEALED_SCHEMA_VERSION
 from ._retry import Outcome, Retrier
 from ._schema import Tables, ensure_schema
 from ._sealing import Row, RowSealer, SealCache, StoredRow, new_seal_id
@@ -149,7 +150,9 @@ class SyncStore:
 
     def _start_on(self, conn: Conn) -> str:
         # The durability settings were checked on this connection's first use (check_durability).
-        return ensure_schema(conn, self._tables, sealing=self._sealer.keys is not None)
+        store_id, version = ensure_schema(conn, self._tables, sealing=self._sealer.keys is not None)
+        self._sealer.sealed_store = version == SEALED_SCHEMA_VERSION  # a keyless backend then writes no plaintext
+        return store_id
 
     def check_durability(self, conn: Conn) -> None:
         """Refuse (or warn about) a connection whose server session runs with weakened durability.

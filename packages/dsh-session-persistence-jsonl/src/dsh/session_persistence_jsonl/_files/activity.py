@@ -1,7 +1,8 @@
 """The activity index: a first "recent" page without a ``stat`` per session, never trusted over the logs.
 
 ``<root>/.dsh-activity.idx`` is a snapshot a listing writes: every session's last seen ``stat`` (mtime, size,
-inode) sorted newest first (with the sessions changed since in a short unsorted delta in front, so a rewrite never
+inode) and the last activity its log said then (``last_activity.py``: the time of its last event, the listing's
+key), sorted newest first (with the sessions changed since in a short unsorted delta in front, so a rewrite never
 re-sorts 100,000 lines), the inodes of the sessions' lock files, each project directory's ``stat``, the sessions
 writers had announced and not retired (``activity_journal.py``), and how far into the journal it has read. A
 listing takes the snapshot as a guess and proves it before trusting it:
@@ -16,7 +17,10 @@ listing takes the snapshot as a guess and proves it before trusting it:
 * every row returned is stat'ed: a row whose ``stat`` differs from the snapshot's is moved to its real place, and
   one that should already have been returned sends the listing to a full scan.
 
-A missing, damaged or foreign snapshot, one from another boot (the journal is never synced, so only a reboot can
+Every line of the snapshot and of the journal carries its CRC32 and the snapshot's header its line count, so a
+changed byte or a cut (even at a line boundary) is damage; the journal's header names its instance, so a journal
+recreated (even with the same inode number) or truncated in place is another journal. A missing, damaged or foreign
+snapshot, one from another boot (the journal is never synced, so only a reboot can
 lose its tail), a replaced journal, or no boot id at all: a full scan answers, and rewrites the snapshot. What the
 index cannot see is a transcript changed in place, between two listings, by a program that keeps no journal and
 holds no lock by then (a 0.2 writer that came and went): a listing with no limit (always a scan) has it in place,
@@ -32,15 +36,17 @@ import json
 import os
 import socket
 import stat
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .activity_journal import INDEX_NAME, JOURNAL_NAME
+from .activity_journal import INDEX_NAME, JOURNAL_NAME, checked, journal_header, sealed_line
 
 __all__ = [
     "RACY_NS",
     "Entry",
     "IndexState",
+    "JournalRead",
     "Snapshot",
     "boot_id",
     "fold_journal",
@@ -55,7 +61,7 @@ __all__ = [
 ]
 
 Checkpoint = Callable[[], None]
-_VERSION = 1
+_VERSION = 2
 #: A directory whose mtime is this close to when it was read may change without its mtime moving (coarse clocks).
 RACY_NS = 2_000_000_000
 _PROC_LOCKS = "/proc/locks"
@@ -72,11 +78,13 @@ def boot_id() -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One session as last seen: its transcript's ``stat`` and its directory's inode."""
+    """One session as last seen: its transcript's ``stat``, its last activity (milliseconds, read from the log:
+    ``last_activity.py``) and its directory's inode."""
 
     mtime_ns: int
     size: int
     ino: int
+    activity: int
     dir_ino: int
     project: str
     name: str
@@ -103,6 +111,12 @@ class IndexState:
     root: tuple[int, int, int]  # (mtime_ns, ino, read at ns)
     projects: dict[str, tuple[int, int, int]]  # name -> (mtime_ns, ino, read at ns)
     opens: Opens = field(default_factory=dict)
+    #: The journal's instance id (its header line) and the (length, CRC32) of its line that ends at the offset
+    #: read: a journal replaced, recreated or truncated in place no longer has them there.
+    journal_id: str = ""
+    journal_tail: tuple[int, int] = (0, 0)
+    #: The journal's mtime when it was read: changed with nothing after the offset, its last records were cut.
+    journal_mtime: int = 0
 
 
 @dataclass
@@ -115,7 +129,9 @@ class Snapshot:
 
     def lock_inodes(self) -> set[int]:
         """The inodes of the sessions' lock files (a lock on any other file is no session's writer)."""
-        line = self.data[self.locks : self.delta_at - 1]
+        line = checked(self.data[self.locks : self.delta_at - 1])
+        if line is None:
+            raise IndexFormatError("bad index line")
         return set(map(int, line.split())) if line else set()
 
     def delta(self) -> list[Entry]:
@@ -128,20 +144,34 @@ class Snapshot:
 
     def names_in(self, project: str) -> dict[str, int]:
         """``name -> directory inode`` of the project's sessions, found by a scan of the bytes (nothing parsed
-        but the project's own lines)."""
+        but the project's own lines, each checked against its CRC)."""
         data, needle = self.data, b"\t" + project.encode("ascii") + b"\t"
         out: dict[str, int] = {}
         pos = self.body
-        while (at := data.find(needle, pos)) >= 0:  # the project is the fifth field: only its lines match
+        while (at := data.find(needle, pos)) >= 0:
             end = data.index(b"\n", at)
-            dino = int(data[data.rindex(b"\t", 0, at) + 1 : at])
-            out[data[at + len(needle) : end].decode("utf-8", "surrogateescape")] = dino
+            entry = _parse(data[data.rindex(b"\n", 0, at) + 1 : end])
+            if entry.project == project:  # else the needle matched another field (a name equal to the project)
+                out[entry.name] = entry.dir_ino
             pos = end + 1
         out.update((e.name, e.dir_ino) for e in self.delta() if e.project == project)
         return out
 
+    def find(self, rel: str) -> Entry | None:
+        """The entry of ``rel`` (the delta's, which supersedes the body's), found by a scan of the bytes."""
+        project, _, name = rel.partition("/")
+        needle = f"\t{project}\t{name}\t".encode("utf-8", "surrogateescape")
+        data, pos = self.data, self.delta_at
+        while (at := data.find(needle, pos)) >= 0:
+            end = data.index(b"\n", at)
+            entry = _parse(data[data.rindex(b"\n", 0, at) + 1 : end])
+            if entry.rel == rel:
+                return entry
+            pos = end + 1
+        return None
+
     def stream(self) -> Iterator[Entry]:
-        """Entries newest first, parsed as they are consumed."""
+        """Entries newest first, parsed (and checked) as they are consumed."""
         data, pos, end = self.data, self.body, len(self.data)
         while pos < end:
             nl = data.find(b"\n", pos)
@@ -159,10 +189,19 @@ class IndexFormatError(ValueError):
 
 
 def _parse(line: bytes) -> Entry:
+    payload = checked(line)
+    if payload is None:
+        raise IndexFormatError("bad index line")  # a changed byte: the listing scans instead
     try:
-        mtime, size, ino, dino, project, name = line.split(b"\t")
+        mtime, size, ino, activity, dino, project, name = payload.split(b"\t")
         return Entry(
-            int(mtime), int(size), int(ino), int(dino), project.decode("ascii"), name.decode("utf-8", "surrogateescape")
+            int(mtime),
+            int(size),
+            int(ino),
+            int(activity),
+            int(dino),
+            project.decode("ascii"),
+            name.decode("utf-8", "surrogateescape"),
         )
     except ValueError as exc:
         raise IndexFormatError("bad index line") from exc
@@ -174,8 +213,9 @@ def _ints(value: object, count: int) -> tuple[int, ...]:
     return tuple(value)
 
 
-def load(root: str, compression: str, boot: str) -> Snapshot | None:
-    """The snapshot, or ``None`` when it is missing, damaged, of another encoding or from another boot."""
+def load(root: str, compression: str, boot: str | None) -> Snapshot | None:
+    """The snapshot, or ``None`` when it is missing, damaged (a line failing its CRC, a line too few or too many),
+    of another encoding or from another boot (``boot`` ``None``: any boot, for a cache of what logs said)."""
     try:
         with open(os.path.join(root, INDEX_NAME), "rb") as fh:
             data = fh.read()
@@ -183,30 +223,39 @@ def load(root: str, compression: str, boot: str) -> Snapshot | None:
         return None
     nl = data.find(b"\n")
     try:
-        head = json.loads(data[:nl]) if nl > 0 else None
+        payload = checked(data[:nl]) if nl > 0 else None
+        head = json.loads(payload) if payload is not None else None
         if not isinstance(head, dict) or head.get("v") != _VERSION or not data.endswith(b"\n"):
             return None
-        if head.get("compression") != compression or head.get("boot") != boot:
+        if head.get("compression") != compression or (boot is not None and head.get("boot") != boot):
             return None
+        count, delta = head.get("count"), head.get("delta", 0)
+        if type(count) is not int or type(delta) is not int or not 0 <= delta <= count:
+            return None
+        if data.count(b"\n") != 2 + count:
+            return None  # a cut (even at a line boundary) or a line lost or added
         projects = head["projects"]
         opens = head["opens"]
-        if not isinstance(projects, dict) or not isinstance(opens, dict):
+        journal_id, tail, journal_mtime = head["jid"], head["jtail"], head["jmtime"]
+        if not isinstance(projects, dict) or not isinstance(opens, dict) or not isinstance(journal_id, str):
+            return None
+        if type(journal_mtime) is not int:
             return None
         state = IndexState(
             compression,
-            boot,
+            str(head.get("boot")),
             _ints(head["journal"], 3),  # type: ignore[arg-type]
             _ints(head["root"], 3),  # type: ignore[arg-type]
             {str(k): _ints(v, 3) for k, v in projects.items()},  # type: ignore[misc]
             {str(k): [list(_ints_any(w)) for w in v] for k, v in opens.items()},
+            journal_id,
+            _ints(tail, 2),  # type: ignore[arg-type]
+            journal_mtime,
         )
         second = data.index(b"\n", nl + 1)
-        if not data[nl + 1 : second].replace(b" ", b"").isdigit() and second != nl + 1:
+        if checked(data[nl + 1 : second]) is None:
             return None
         body = second + 1
-        delta = head.get("delta", 0)
-        if type(delta) is not int or delta < 0:
-            return None
         for _ in range(delta):
             body = data.index(b"\n", body) + 1
     except (ValueError, KeyError, TypeError):
@@ -221,7 +270,8 @@ def _ints_any(value: object) -> list[object]:
 
 
 def _line(e: Entry) -> bytes:
-    return f"{e.mtime_ns}\t{e.size}\t{e.ino}\t{e.dir_ino}\t{e.project}\t{e.name}\n".encode("utf-8", "surrogateescape")
+    payload = f"{e.mtime_ns}\t{e.size}\t{e.ino}\t{e.activity}\t{e.dir_ino}\t{e.project}\t{e.name}"
+    return sealed_line(payload.encode("utf-8", "surrogateescape"))
 
 
 def _holdable(entries: list[Entry]) -> bool:
@@ -231,7 +281,9 @@ def _holdable(entries: list[Entry]) -> bool:
 def write_delta(root: str, state: IndexState, snap: Snapshot, delta: list[Entry], lock_inodes: set[int]) -> None:
     """The snapshot with ``delta`` in front of its sorted body, which is copied as it is (nothing re-sorted)."""
     if _holdable(delta):
-        _replace(root, _head(state, len(delta)), lock_inodes, b"".join(map(_line, delta)), snap.data[snap.body :])
+        body = snap.data[snap.body :]
+        count = len(delta) + body.count(b"\n")
+        _replace(root, _head(state, len(delta), count), lock_inodes, b"".join(map(_line, delta)), body)
 
 
 def write(
@@ -243,19 +295,24 @@ def write(
 ) -> None:
     """Replace the snapshot (a cache: not synced; a failure leaves the old one, which is proved before use)."""
     if _holdable(entries):  # else names this line format cannot hold: no index, every listing scans
-        _replace(root, _head(state, 0), lock_inodes, b"", b"".join(map(_line, sorted(entries, key=sort_key))))
+        body = b"".join(map(_line, sorted(entries, key=sort_key)))
+        _replace(root, _head(state, 0, len(entries)), lock_inodes, b"", body)
 
 
-def _head(state: IndexState, delta: int) -> dict[str, object]:
+def _head(state: IndexState, delta: int, count: int) -> dict[str, object]:
     return {
         "v": _VERSION,
         "compression": state.compression,
         "boot": state.boot,
         "journal": list(state.journal),
+        "jid": state.journal_id,
+        "jtail": list(state.journal_tail),
+        "jmtime": state.journal_mtime,
         "root": list(state.root),
         "projects": {k: list(v) for k, v in state.projects.items()},
         "opens": state.opens,
         "delta": delta,
+        "count": count,
     }
 
 
@@ -265,7 +322,7 @@ def _replace(root: str, head: dict[str, object], lock_inodes: set[int], delta: b
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             locks = " ".join(map(str, sorted(lock_inodes))).encode()
-            data = json.dumps(head, separators=(",", ":")).encode() + b"\n" + locks + b"\n" + delta + body
+            data = sealed_line(json.dumps(head, separators=(",", ":")).encode()) + sealed_line(locks) + delta + body
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -292,27 +349,69 @@ def journal_identity(root: str) -> tuple[int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_size) if stat.S_ISREG(st.st_mode) else None
 
 
-def read_journal(root: str, start: int) -> tuple[list[list[str]], int] | None:
-    """The complete records from ``start`` (a record still being written is left for later) and the offset after
-    them; ``None`` when a record is not one of ours (the index is then rebuilt)."""
+@dataclass(frozen=True)
+class JournalRead:
+    """What a listing read of the journal: its complete records from the offset asked for, and where it stands."""
+
+    records: list[list[str]]
+    offset: int  # after the last complete record read
+    dev_ino: tuple[int, int]  # (0, 0): there is no journal
+    journal_id: str
+    tail: tuple[int, int]  # (length, CRC32) of the line that ends at ``offset``
+    mtime_ns: int = 0  # the journal's mtime, taken before it was read
+
+
+def _tail_of(line: bytes) -> tuple[int, int]:
+    return (len(line), zlib.crc32(line))
+
+
+def read_journal(root: str, start: int, journal_id: str = "", tail: tuple[int, int] = (0, 0)) -> JournalRead | None:
+    """The complete records after ``start`` (a record still being written is left for later); ``start`` 0 reads
+    the journal from its header. ``None`` on any doubt: another journal than ``journal_id`` (replaced, recreated,
+    truncated in place: its header is gone or names another instance), a line before ``start`` that is not the one
+    read then (``tail``), a line failing its CRC or not one of ours. The index is then rebuilt by a full scan."""
     try:
-        with open(os.path.join(root, JOURNAL_NAME), "rb") as fh:
-            fh.seek(start)
-            data = fh.read()
+        fd = os.open(os.path.join(root, JOURNAL_NAME), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
-        return ([], start) if start == 0 else None
+        return JournalRead([], 0, (0, 0), "", (0, 0)) if start == 0 else None
     except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        head = os.pread(fd, 4096, 0)
+        nl = head.find(b"\n")
+        ident = journal_header(head[:nl]) if nl > 0 else None
+        if ident is None or (start and ident != journal_id):
+            return None
+        if start == 0:
+            start, tail = nl + 1, _tail_of(head[: nl + 1])
+        elif tail[0] <= 0 or tail[0] > start or st.st_size < start:
+            return None  # shrunk below what was read: truncated in place
+        elif _tail_of(os.pread(fd, tail[0], start - tail[0])) != tail:
+            return None
+        data = b""
+        while chunk := os.pread(fd, 1 << 20, start + len(data)):
+            data += chunk
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     cut = data.rfind(b"\n") + 1
     records: list[list[str]] = []
-    for line in data[:cut].split(b"\n")[:-1]:
-        fields = line.decode("utf-8", "surrogateescape").split("\t")
+    lines = data[:cut].split(b"\n")[:-1]
+    for line in lines:
+        payload = checked(line)
+        if payload is None:
+            return None
+        fields = payload.decode("utf-8", "surrogateescape").split("\t")
         if not ((fields[0] == "+" and len(fields) == 5) or (fields[0] == "-" and len(fields) == 3)):
             return None
         if not fields[2].isdigit() or (fields[0] == "+" and not fields[4].isdigit()):
             return None
         records.append(fields)
-    return records, start + cut
+    if lines:
+        tail = _tail_of(lines[-1] + b"\n")
+    return JournalRead(records, start + cut, (st.st_dev, st.st_ino), ident, tail, st.st_mtime_ns)
 
 
 def fold_journal(opens: Opens, records: list[list[str]]) -> set[str]:

@@ -25,19 +25,22 @@ from .._format.frames import Compression
 from . import activity
 from .activity import RACY_NS, Entry, IndexState, Snapshot
 from .activity_journal import JOURNAL_NAME
+from .activity_key import ActivityReader
 from .fs import revision_of
 from .layout import TRANSCRIPT_STEM, child_dirs, decode_segment, project_dir_name, suffix_for
 from .lease import LOCK_FILENAME
 
-__all__ = ["Candidate", "indexed_page", "rebuild"]
+__all__ = ["Candidate", "cached_entries", "indexed_page", "rebuild"]
 
 Checkpoint = Callable[[], None]
-#: ``(-mtime_ms, session_id, path, stat)``: a tuple sorts in the "recent" order without a key function.
+#: ``(-activity_ms, session_id, path, stat)``: a tuple sorts in the "recent" order without a key function.
 Candidate = tuple[int, str, str, os.stat_result]
 ReadHeader = Callable[[str, Compression, Candidate, int, Checkpoint], SessionHeader | None]
 #: A listing rewrites the snapshot once it had to stat this many sessions, or read this much journal, itself.
 REWRITE_FRESH = 256
 REWRITE_JOURNAL_BYTES = 1 << 20
+#: A proved page looks up the cached activity of at most this many sessions it stats itself (else reads logs).
+FRESH_LOOKUPS = 32
 #: Sessions changed since the sorted body was written are kept in front of it, unsorted, up to this many.
 DELTA_MAX = 4096
 
@@ -47,7 +50,19 @@ def _session_id(name: str) -> str:
 
 
 def _sort_key(entry: Entry) -> tuple[int, str]:
-    return (-(entry.mtime_ns // 1_000_000), _session_id(entry.name))
+    return (-entry.activity, _session_id(entry.name))
+
+
+def cached_entries(root: str, compression: Compression) -> dict[str, Entry]:
+    """The index's entries by ``rel`` (any boot: a cached activity is used only while its ``stat`` matches), or
+    none when the snapshot is missing or any of its lines fails its check."""
+    snap = activity.load(root, compression, None)
+    if snap is None:
+        return {}
+    try:
+        return {e.rel: e for e in snap.all_entries()}
+    except ValueError:
+        return {}
 
 
 def _duplicate(session_id: str, first: str, second: str) -> SessionPersistenceCorruptionError:
@@ -60,8 +75,8 @@ def _duplicate(session_id: str, first: str, second: str) -> SessionPersistenceCo
 # The full scan
 
 
-def rebuild(root: str, compression: Compression, checkpoint: Checkpoint) -> list[Candidate]:
-    """Every session with its ``stat`` (one per session), and a fresh snapshot of them for the next listing."""
+def rebuild(root: str, compression: Compression, checkpoint: Checkpoint, reader: ActivityReader) -> list[Candidate]:
+    """Every session with its ``stat`` and last activity, and a fresh snapshot of them for the next listing."""
     suffix = "/" + TRANSCRIPT_STEM + suffix_for(compression)
     boot = activity.boot_id()
     journal = activity.journal_identity(root)
@@ -70,16 +85,18 @@ def rebuild(root: str, compression: Compression, checkpoint: Checkpoint) -> list
         root_st = os.stat(root)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    if not reader.cached:
+        reader.cached = cached_entries(root, compression)
     locks = activity.held_locks(root_st.st_dev)  # before the journal: a writer that locks later announces later
     read = activity.read_journal(root, 0) if journal is not None else None
     if read is None and journal is not None and journal[1]:
-        # Not our records: start a new journal (writers open it per record); live writers are found by their locks.
+        # Not our records: start a new journal (writers create it again); live writers are found by their locks.
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(root, JOURNAL_NAME))
-        journal = (0, 0, 0)
-    records, offset = read if read is not None else ([], 0)
+    if read is None:
+        read = activity.JournalRead([], 0, (0, 0), "", (0, 0))
     opens: activity.Opens = {}
-    activity.fold_journal(opens, records)
+    activity.fold_journal(opens, read.records)
     activity.prune_dead(opens)
     projects: dict[str, tuple[int, int, int]] = {}
     entries: list[Entry] = []
@@ -96,15 +113,15 @@ def rebuild(root: str, compression: Compression, checkpoint: Checkpoint) -> list
         for entry in child_dirs(project.path):
             path = entry.path + suffix
             try:
-                st = os.stat(path)
                 session_id = _session_id(entry.name)
+                st, ms = reader.stat_activity(path, project.name + "/" + entry.name)
             except (FileNotFoundError, NotADirectoryError, ValueError):
                 continue
             if session_id in seen:
                 raise _duplicate(session_id, seen[session_id], path)
             seen[session_id] = path
-            entries.append(Entry(st.st_mtime_ns, st.st_size, st.st_ino, entry.inode(), project.name, entry.name))
-            out.append((-(st.st_mtime_ns // 1_000_000), session_id, path, st))
+            entries.append(Entry(st.st_mtime_ns, st.st_size, st.st_ino, ms, entry.inode(), project.name, entry.name))
+            out.append((-ms, session_id, path, st))
             lock_ino = _lock_inode(entry.path)
             if lock_ino:
                 lock_inodes[lock_ino] = project.name + "/" + entry.name
@@ -119,10 +136,13 @@ def rebuild(root: str, compression: Compression, checkpoint: Checkpoint) -> list
         state = IndexState(
             compression,
             boot,
-            (journal[0], journal[1], offset),
+            (*read.dev_ino, read.offset),
             (root_st.st_mtime_ns, root_st.st_ino, now),
             projects,
             opens,
+            read.journal_id,
+            read.tail,
+            read.mtime_ns,
         )
         activity.write(root, state, entries, _sort_key, set(lock_inodes))
     return out
@@ -170,7 +190,13 @@ class _Stale(Exception):
 
 
 def indexed_page(
-    root: str, compression: Compression, query: ListQuery, cap: int, checkpoint: Checkpoint, read_header: ReadHeader
+    root: str,
+    compression: Compression,
+    query: ListQuery,
+    cap: int,
+    checkpoint: Checkpoint,
+    read_header: ReadHeader,
+    reader: ActivityReader,
 ) -> list[SessionListing] | None:
     """A "recent" page through the snapshot, proved as ``activity.py`` says; ``None``: scan instead."""
     boot = activity.boot_id()
@@ -181,7 +207,7 @@ def indexed_page(
     if snap is None or journal is None:
         return None
     try:
-        return _page(root, compression, query, cap, checkpoint, read_header, snap, journal, boot)
+        return _page(root, compression, query, cap, checkpoint, read_header, reader, snap, journal, boot)
     except (_Stale, FileNotFoundError, NotADirectoryError, activity.IndexFormatError, ValueError):
         return None
 
@@ -193,20 +219,26 @@ def _page(
     cap: int,
     checkpoint: Checkpoint,
     read_header: ReadHeader,
+    reader: ActivityReader,
     snap: Snapshot,
     journal: tuple[int, int, int],
     boot: str,
 ) -> list[SessionListing]:
     state = snap.state
     dev, ino, start = state.journal
-    if ino and (dev, ino) != journal[:2]:
-        raise _Stale  # the journal was replaced: records may be missing
-    start = start if ino else 0
+    if ino and ((dev, ino) != journal[:2] or journal[2] < start):
+        raise _Stale  # the journal was replaced or shrank: records may be missing
     locks = activity.held_locks(os.stat(root).st_dev)
-    read = activity.read_journal(root, start)
-    if read is None:
-        raise _Stale
-    records, offset = read
+    if ino:
+        read = activity.read_journal(root, start, state.journal_id, state.journal_tail)
+    else:
+        read = activity.read_journal(root, 0)  # none then: one created since is read whole
+    if read is None or (ino and read.dev_ino != (dev, ino)):
+        raise _Stale  # not the journal read last time (recreated, truncated in place) or a record in doubt
+    if ino and read.offset == start and read.mtime_ns != state.journal_mtime:
+        raise _Stale  # written since, yet nothing after the point: its last records were cut
+    start = start if ino else 0
+    records, offset = read.records, read.offset
     opens = copy.deepcopy(state.opens)
     touched = activity.fold_journal(opens, records)
     unknown = activity.unknown_locks(locks, opens) if locks else {}
@@ -229,18 +261,21 @@ def _page(
             if known.get(entry.name) != entry.inode():  # new, or replaced (copied over, recreated)
                 fresh_rels.add(project + "/" + entry.name)
     suffix = "/" + TRANSCRIPT_STEM + suffix_for(compression)
+    # A session stat'ed here whose file is as the snapshot saw it keeps its cached activity (a scan of the bytes
+    # per session: only for a few); any other is read from its log.
+    reader.lookup = snap.find if len(fresh_rels) <= FRESH_LOOKUPS else None
     fresh: dict[str, tuple[Entry, os.stat_result]] = {}
     for rel in fresh_rels:
         project, _, name = rel.partition("/")
         if project not in projects or (project in present and name not in present[project]):
             continue
         try:
-            st = os.stat(os.path.join(root, rel) + suffix)
-            dir_ino = os.lstat(os.path.join(root, rel)).st_ino
             _session_id(name)
+            st, ms = reader.stat_activity(os.path.join(root, rel) + suffix, rel)
+            dir_ino = os.lstat(os.path.join(root, rel)).st_ino
         except (FileNotFoundError, NotADirectoryError, ValueError):
             continue
-        fresh[rel] = (Entry(st.st_mtime_ns, st.st_size, st.st_ino, dir_ino, project, name), st)
+        fresh[rel] = (Entry(st.st_mtime_ns, st.st_size, st.st_ino, ms, dir_ino, project, name), st)
 
     delta = snap.delta()
     superseded = {e.rel for e in delta}
@@ -259,11 +294,12 @@ def _page(
     )
 
     heap: list[tuple[int, str, str, os.stat_result]] = [
-        (-(st.st_mtime_ns // 1_000_000), _session_id(e.name), e.rel, st) for e, st in fresh.values()
+        (-e.activity, _session_id(e.name), e.rel, st) for e, st in fresh.values()
     ]
     heapq.heapify(heap)
     repaired: dict[str, tuple[Entry, os.stat_result]] = {}
-    rows = _emit(root, compression, query, cap, checkpoint, read_header, heap, stream, repaired, suffix)
+    reader.lookup = None
+    rows = _emit(root, compression, query, cap, checkpoint, read_header, reader, heap, stream, repaired, suffix)
     pruned = len(opens) != announced
     if changed or repaired or pruned or len(fresh_rels) > REWRITE_FRESH or offset - start > REWRITE_JOURNAL_BYTES:
         updated = {**fresh, **repaired}
@@ -271,7 +307,17 @@ def _page(
         new_delta.extend(e for e, _st in updated.values())
         root_st = os.stat(root)
         new_root = (root_st.st_mtime_ns, root_st.st_ino, now) if root_st.st_mtime_ns != state.root[0] else state.root
-        new_state = IndexState(compression, boot, (journal[0], journal[1], offset), new_root, projects, opens)
+        new_state = IndexState(
+            compression,
+            boot,
+            (*read.dev_ino, offset),
+            new_root,
+            projects,
+            opens,
+            read.journal_id,
+            read.tail,
+            read.mtime_ns,
+        )
         lock_inodes = snap.lock_inodes()
         lock_inodes.update(_lock_inode(os.path.join(root, rel)) for rel in fresh)
         lock_inodes.discard(0)
@@ -291,6 +337,7 @@ def _emit(
     cap: int,
     checkpoint: Checkpoint,
     read_header: ReadHeader,
+    reader: ActivityReader,
     heap: list[tuple[int, str, str, os.stat_result]],
     stream: Iterator[Entry],
     repaired: dict[str, tuple[Entry, os.stat_result]],
@@ -316,11 +363,15 @@ def _emit(
             except (FileNotFoundError, NotADirectoryError):
                 continue
             if not entry.matches(st):
-                key = (-(st.st_mtime_ns // 1_000_000), head_key[1])
+                try:
+                    st, ms = reader.stat_activity(path, entry.rel)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                key = (-ms, head_key[1])
                 if last is not None and key < last:
                     raise _Stale  # it belonged before a row already chosen: the snapshot lied
                 repaired[entry.rel] = (
-                    Entry(st.st_mtime_ns, st.st_size, st.st_ino, entry.dir_ino, entry.project, entry.name),
+                    Entry(st.st_mtime_ns, st.st_size, st.st_ino, ms, entry.dir_ino, entry.project, entry.name),
                     st,
                 )
                 heapq.heappush(heap, (key[0], key[1], entry.rel, st))

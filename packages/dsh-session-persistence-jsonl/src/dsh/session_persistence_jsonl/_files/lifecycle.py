@@ -1,15 +1,18 @@
 """Lifecycle primitives over a JSONL root: paged listing by directory entries, durable delete, compaction.
 
-Blocking code for worker threads. The ``"recent"`` listing orders sessions by their transcript's modification
-time, which one ``stat`` per session directory gives, and reads headers only for the rows of the page (plus
-the rows a header filter rejects); the ``"created"`` order needs every header, because the creation time lives
-only in the header. Sessions whose transcript is missing, empty, header-less or damaged are left out, as
-``list`` leaves them out (``dsh-sessions verify`` reports them).
+Blocking code for worker threads. The ``"recent"`` listing orders sessions by their last activity, the time of
+their log's last event (``activity_key.py``: read from the log's last batch, cached by the activity index while
+the transcript's ``stat`` is unchanged; never the file's mtime, which a copy or a ``touch`` changes), and reads
+headers only for the rows of the page (plus the rows a header filter rejects); the ``"created"`` order needs every
+header, because the creation time lives only in the header. ``since`` and every row's ``updated_at`` (which
+``prune`` follows) are that same activity. Sessions whose transcript is missing, empty, header-less or damaged
+are left out, as ``list`` leaves them out (``dsh-sessions verify`` reports them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 from collections.abc import Callable, Iterator
@@ -27,7 +30,9 @@ from dsh.session_persistence.backend import (
 
 from .._format.frames import Compression
 from .._format.records import NotAHeaderError
-from .activity_list import indexed_page, rebuild
+from ..encryption import KeyProvider
+from .activity_key import ActivityReader
+from .activity_list import cached_entries, indexed_page, rebuild
 from .discovery import check_identity, find_transcript, read_listed
 from .fs import fsync_dir, is_file, replace_durable, revision_of
 from .layout import RAW_SUFFIX, TRANSCRIPT_STEM, ZSTD_SUFFIX, child_dirs, decode_segment, project_key, suffix_for
@@ -38,7 +43,7 @@ __all__ = ["compact_transcript", "delete_transcript", "list_artifacts", "list_ro
 Checkpoint = Callable[[], None]
 
 
-#: ``(-mtime_ms, session_id, path, stat)``: a tuple sorts in the "recent" order without a key function.
+#: ``(-activity_ms, session_id, path, stat)``: a tuple sorts in the "recent" order without a key function.
 _Candidate = tuple[int, str, str, os.stat_result]
 
 
@@ -48,8 +53,10 @@ def _session_id(name: str) -> str:
     return name if "~" not in name else decode_segment(name)
 
 
-def _candidates(root: str, compression: Compression, query: ListQuery, checkpoint: Checkpoint) -> list[_Candidate]:
-    """Every session directory with a transcript, with its stat: one ``stat`` per session, no file opened.
+def _candidates(
+    root: str, compression: Compression, query: ListQuery, checkpoint: Checkpoint, reader: ActivityReader
+) -> list[_Candidate]:
+    """Every session directory with a transcript, with its stat and last activity (read unless the index has it).
 
     The activity filters (``since``, and the keyset position in the "recent" order) apply here, before any
     header is read.
@@ -62,14 +69,13 @@ def _candidates(root: str, compression: Compression, query: ListQuery, checkpoin
     after = query.after if query.order == "recent" else None
     out: list[_Candidate] = []
     seen: dict[str, str] = {}
-    stat = os.stat
     for project in projects:
         checkpoint()
         for entry in child_dirs(project):
             path = entry.path + suffix
             try:
-                st = stat(path)
                 session_id = _session_id(entry.name)
+                st, ms = reader.stat_activity(path, os.path.basename(project) + "/" + entry.name)
             except (FileNotFoundError, NotADirectoryError, ValueError):
                 continue
             if session_id in seen:
@@ -78,7 +84,6 @@ def _candidates(root: str, compression: Compression, query: ListQuery, checkpoin
                     f"{seen[session_id]}, {path}"
                 )
             seen[session_id] = path
-            ms = st.st_mtime_ns // 1_000_000
             if since is not None and ms < since:
                 continue
             if after is not None and (ms > after.key or (ms == after.key and session_id <= after.session_id)):
@@ -126,21 +131,33 @@ def _read_header(
         check_identity(root, compression, path, listed.header, session_id)
     except (FileNotFoundError, NotAHeaderError, SessionPersistenceError):
         return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        return None  # a symlinked transcript is refused, never followed: left out here, reported by verify
     return listed.header
 
 
 def list_rows(
-    root: str, compression: Compression, query: ListQuery, cap: int, checkpoint: Checkpoint
+    root: str,
+    compression: Compression,
+    query: ListQuery,
+    cap: int,
+    checkpoint: Checkpoint,
+    keys: KeyProvider | None = None,
 ) -> list[SessionListing]:
-    """Answer a listing query over ``root`` (see the module docstring for what each order costs)."""
+    """Answer a listing query over ``root`` (see the module docstring for what each order costs); ``keys`` let
+    the activity of sealed logs be read from their last batch."""
+    reader = ActivityReader(compression, cap, keys)
     if query.order == "recent" and query.limit is not None:
-        page = indexed_page(root, compression, query, cap, checkpoint, _read_header)
+        page = indexed_page(root, compression, query, cap, checkpoint, _read_header, reader)
         if page is not None:
             return page
         # The activity index is missing or could not be proved: scan every session (and rebuild it).
-        cands = [c for c in rebuild(root, compression, checkpoint) if _wanted(c, root, query)]
+        cands = [c for c in rebuild(root, compression, checkpoint, reader) if _wanted(c, root, query)]
     else:
-        cands = _candidates(root, compression, query, checkpoint)
+        reader.cached = cached_entries(root, compression)
+        cands = _candidates(root, compression, query, checkpoint, reader)
     if query.order == "recent":
         rows: list[SessionListing] = []
         limit = query.limit
@@ -231,15 +248,23 @@ def list_artifacts(root: str, compression: Compression, checkpoint: Checkpoint) 
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in children:
+            try:
+                session_id: str | None = decode_segment(entry.name)
+            except ValueError:
+                session_id = None
             if entry.is_dir(follow_symlinks=False):
                 path = os.path.join(entry.path, name)
-                if not is_file(path):
-                    continue
                 try:
-                    session_id: str | None = decode_segment(entry.name)
-                except ValueError:
-                    session_id = None
+                    if not is_file(path):
+                        continue
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        raise
+                    # A symlinked transcript: listed, so its refusal is reported for it alone.
                 out.append(StoredArtifact(session_id, path))
+            elif entry.is_symlink() and not entry.name.endswith(flat):
+                # A symlinked session directory is never followed; listed, so it is reported, never silently gone.
+                out.append(StoredArtifact(session_id, entry.path))
             elif entry.name.endswith(flat):
                 out.append(StoredArtifact(None, entry.path))
     return out

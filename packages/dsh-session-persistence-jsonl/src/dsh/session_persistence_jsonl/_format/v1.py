@@ -240,11 +240,13 @@ class _Walk:
     def damage(self, message: str) -> Exception:
         return corrupt(f"{_prefix(self.compression)}{message}", self.path)
 
-    def plaintext(self, data: bytes | memoryview, offset: int) -> bytes:
+    def plaintext(self, data: bytes | memoryview, offset: int, cap: int | None = None) -> bytes:
+        """``cap``: the decompressed bound when tighter than the walk's (the header's: its declared length is the
+        compressed one, and a few KB may pledge hundreds of MiB)."""
         if self.compression == "none":
             return bytes(data)
         try:
-            return decompress_declared(data, offset, self.cap, self.dctx)
+            return decompress_declared(data, offset, self.cap if cap is None else cap, self.dctx)
         except FrameError as exc:
             raise corrupt(str(exc), self.path) from exc
 
@@ -284,7 +286,7 @@ def _read_header(
     data = src.read(data_start, end)
     if data_crc(data) != decl.crc:
         raise walk.damage("header data fails its CRC")
-    plaintext = walk.plaintext(data, data_start)
+    plaintext = walk.plaintext(data, data_start, header_cap)
     if not plaintext.endswith(b"\n") or plaintext.count(b"\n") != 1:
         raise walk.damage("header batch is not exactly one header line")
     try:

@@ -72,8 +72,7 @@ def _cwd_filter(args: argparse.Namespace) -> str | None:
 
 
 def _logged_activity(report: SessionReport, listed_at: int) -> int:
-    """LAST ACTIVITY: the time of the last stored event, from the log itself (a copied or restored store keeps it;
-    a file's mtime would show the copy), else what the listing knows."""
+    """The time of the last stored event, from the log itself (``lastEventAt``), else what the listing knows."""
     if report.stored_events:
         return report.events[report.stored_events - 1].time
     return listed_at
@@ -211,7 +210,9 @@ async def cmd_list(args: argparse.Namespace, stack: Stack, io: Io) -> int:
         table_rows.append(
             [
                 report.id,
-                local_time(_logged_activity(report, updated_at)),
+                # The listing's own activity: the time the rows are ordered, filtered (--since) and pruned by (a
+                # backend reads it from the log itself, never from a file's mtime that a copy or a touch changes).
+                local_time(updated_at),
                 turns,
                 events,
                 human_size(report.size),

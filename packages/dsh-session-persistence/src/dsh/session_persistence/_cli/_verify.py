@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections import Counter
+from typing import Protocol, runtime_checkable
 
 from .._backends.protocol import SupportsArtifactScan
 from .._coordinator.service import core_of
@@ -29,6 +30,18 @@ _LABELS = {
     "no_key": "NO KEY",
     "auth_failed": "AUTH FAILED",
 }
+
+
+@runtime_checkable
+class ReportsIndexState(Protocol):
+    """A backend with a listing cache of its own (the JSONL activity index) that can say whether it trusts it."""
+
+    async def index_state(self) -> str: ...
+
+
+async def _index_state(stack: Stack) -> str | None:
+    backend = stack.backend
+    return await backend.index_state() if isinstance(backend, ReportsIndexState) else None
 
 
 def _describe(report: SessionReport) -> str:
@@ -63,6 +76,8 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     # Damage outranks a missing key: a script that supplies the key must still learn that something is broken.
     code = EXIT_DAMAGED if any(r.status not in KEY_STATUSES for r in bad) else EXIT_KEY if bad else EXIT_OK
     summary = Counter(r.status for r in reports)
+    # A cache, reported for what it is: its state never changes the exit code (listings never trust a bad one).
+    index = await _index_state(stack) if args.id is None else None
     if args.json:
         write_json(
             io.out,
@@ -72,6 +87,7 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
                 "ok": not bad,
                 "sessions": [_with_resume(r) for r in reports],
                 "summary": dict(sorted(summary.items())),
+                **({"activityIndex": index} if index is not None else {}),
             },
         )
         return code
@@ -87,6 +103,8 @@ async def cmd_verify(args: argparse.Namespace, stack: Stack, io: Io) -> int:
     parts += [f"{n} {s}" for s, n in sorted(summary.items()) if s in ("corrupt", "unsupported", *KEY_STATUSES)]
     verdict = "FAILED" if bad else "passed"
     io.out.write(f"verify {verdict}: {len(reports)} session(s): {', '.join(parts)}\n")
+    if index is not None:
+        io.out.write(f"activity index: {index}\n")
     if any(r.status in KEY_STATUSES for r in bad):
         io.out.write("encrypted sessions need their keys: --key-env NAME or --key-file PATH (see docs/operations.md)\n")
     if any(r.status not in KEY_STATUSES for r in bad):
