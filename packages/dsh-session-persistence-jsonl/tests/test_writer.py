@@ -1,6 +1,7 @@
-"""The backend writer (``BlockingWriter``): one session's jobs in order on one lane, different lanes at once, a
-job always runs to its end before its cancelled caller leaves, errors reach the caller, and no thread outlives
-``aclose`` or holds the process open. Every test runs on asyncio and trio."""
+"""The backend writer (``BlockingWriter``): one session's jobs in order, one at a time; different sessions' jobs at
+once, and a stalled job never holds another session's; a job always runs to its end before its cancelled caller
+leaves, errors reach the caller, and no thread outlives ``aclose`` or holds the process open. Every test runs on
+asyncio and trio."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 from dsh.session_persistence_jsonl._writer import BlockingWriter
 
@@ -120,8 +122,10 @@ async def test_a_job_error_is_raised_to_its_caller_and_the_lane_goes_on() -> Non
 async def test_aclose_ends_every_thread_and_a_later_job_starts_one_again() -> None:
     name = "dsh-test-close"
     writer = BlockingWriter(3, name=name, idle_seconds=3600)
-    for key in range(3):
-        await writer.run(key, lambda: None)
+    together = threading.Barrier(3, timeout=STUCK)  # three jobs that can only finish together need three threads
+    async with anyio.create_task_group() as tg:
+        for key in range(3):
+            tg.start_soon(writer.run, key, together.wait)
     assert len(_threads(name)) == 3
     await writer.aclose()
     assert _threads(name) == []
@@ -130,6 +134,34 @@ async def test_aclose_ends_every_thread_and_a_later_job_starts_one_again() -> No
     await writer.aclose()
     await writer.aclose()  # idempotent
     assert _threads(name) == []
+
+
+async def test_a_stalled_job_holds_only_its_own_session() -> None:
+    """A session whose step stalls (a slow fsync) holds one thread and its own later steps; every other session's
+    steps run on the other thread meanwhile (0.3's fixed lanes held every session hashed to the stalled lane)."""
+    writer = BlockingWriter(2, name="dsh-test-stall")
+    stalled = threading.Event()
+    release = threading.Event()
+    after_stall: list[str] = []
+
+    def stall() -> None:
+        stalled.set()
+        assert release.wait(STUCK)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run, "slow", stall)
+            await anyio.to_thread.run_sync(stalled.wait, STUCK)
+            tg.start_soon(writer.run, "slow", lambda: after_stall.append("slow again"))
+            with anyio.fail_after(STUCK):
+                for key in range(20):  # with two fixed lanes, about half of these keys would share the stalled one
+                    assert await writer.run(f"session-{key}", lambda key=key: key) == key
+            assert after_stall == []  # the stalled session's own next step still waits behind it
+            release.set()
+        assert after_stall == ["slow again"]
+    finally:
+        release.set()
+        await writer.aclose()
 
 
 def test_an_unclosed_writer_does_not_hold_the_process_open() -> None:

@@ -67,7 +67,8 @@ __all__ = ["JsonlCore", "SessionLogExistsError"]
 
 _T = TypeVar("_T")
 RAW_FILENAME = "session.jsonl"
-#: Writer lanes per backend: one session's steps run in order on one lane, different sessions' syncs overlap.
+#: Writer threads per backend at most: one session's steps run in order, different sessions' syncs overlap, and a
+#: stalled step holds its own session and one thread only.
 WRITER_LANES = 16
 
 

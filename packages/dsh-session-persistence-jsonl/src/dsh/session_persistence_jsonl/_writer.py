@@ -5,21 +5,23 @@ Written against anyio and the standard library only, so it could move to the cor
 backend needs it; until then it lives with the one backend that uses it.
 
 Handing each blocking primitive to a fresh worker-thread call costs two threads sleeping and waking per step,
-for every session apart. Here a backend keeps a small set of *lanes* (a thread and its queue). A job goes to the
-lane its key picks (the same key always picks the same lane, so one session's jobs run one at a time, in the
-order they were submitted); a lane's thread takes every job queued for it at each wake and runs them in order,
-so many sessions' batches cost one wake, and the lanes' syncs overlap (group commit). Each completion is
-reported back through the waiting loop's thread-safe call (asyncio's ``call_soon_threadsafe``, trio's
+for every session apart. Here a backend keeps a small pool of long-lived threads fed by one queue of *keys* (a
+session id each): a key's jobs run one at a time, in the order they were submitted, and a free thread takes the next
+key that has work, so many sessions' steps cost one wake and their syncs overlap (group commit). A job that blocks
+(an ``fsync`` that stalls for seconds) holds its own key and one thread: every other session's work goes on on the
+other threads (0.3's fixed lanes held every session hashed to the stalled lane). Each completion is reported back
+through the waiting loop's thread-safe call (asyncio's ``call_soon_threadsafe``, trio's
 ``TrioToken.run_sync_soon``), coalesced: completions that find the loop has not yet picked up the previous ones
-join them, one loop wake for all of them.
+join them, one loop wake for all of them; :meth:`BlockingWriter.submit` hands a callback instead, called on the
+writer thread (the core's live commit reports through its own completion port).
 
 A job once queued runs to its end, and the caller's wait is shielded: a cancelled caller sees its cancellation
 once the job has finished, never in the middle of a durable step (so whatever the job did is known).
 
-Threads start on first use and are daemons, so a backend that is never closed does not hold the process open;
-a lane's thread ends after ``idle_seconds`` without work, and :meth:`BlockingWriter.aclose` ends them all once
-their queued jobs are done (a later job starts a lane again). After ``fork`` the child starts with no thread and
-no queued job of the parent's.
+Threads start on demand (a job finds no idle thread) and are daemons, so a backend that is never closed does not
+hold the process open; a thread ends after ``idle_seconds`` without work, and :meth:`BlockingWriter.aclose` ends
+them all once their queued jobs are done (a later job starts one again). After ``fork`` the child starts with no
+thread and no queued job of the parent's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
@@ -68,7 +71,7 @@ class _Job:
         error, self.error = self.error, None
         try:
             callback(self.result, error)
-        except BaseException:  # a callback must never end the lane's thread
+        except BaseException:  # a callback must never end a writer thread
             logging.getLogger("dsh.session_persistence_jsonl").exception("writer completion callback raised")
 
 
@@ -135,51 +138,80 @@ def _new_mailbox(loop: object, post: Callable[[Callable[[], None]], object]) -> 
     return box
 
 
-class _Lane:
-    """One writer thread and its queue."""
+class _Pool:
+    """Worker threads (at most ``size``) sharing one queue of keys that have work; each key's jobs in order.
 
-    __slots__ = ("cond", "idle_seconds", "jobs", "name", "stopping", "thread")
+    A key is *ready* while its first job waits for a thread, *running* while a thread runs that job, and gone once
+    its queue is empty. A worker takes the next ready key, runs its first job, then puts the key back at the end of
+    the ready queue if it has more: one key never has two jobs running, and a job that blocks (an ``fsync`` that
+    stalls) holds its own key and one thread, never another key's work while a thread is free.
+    """
 
-    def __init__(self, name: str, idle_seconds: float) -> None:
+    __slots__ = ("cond", "idle", "idle_seconds", "keys", "name", "ready", "size", "stopping", "threads")
+
+    def __init__(self, size: int, name: str, idle_seconds: float) -> None:
+        self.size = size
         self.name = name
         self.idle_seconds = idle_seconds
         self.cond = threading.Condition(threading.Lock())
-        self.jobs: list[_Job] = []
-        self.thread: threading.Thread | None = None
+        self.keys: dict[Hashable, deque[_Job]] = {}
+        self.ready: deque[Hashable] = deque()
+        self.threads: set[threading.Thread] = set()
+        self.idle = 0
         self.stopping = False
 
-    def submit(self, job: _Job) -> None:
+    def submit(self, key: Hashable, job: _Job) -> None:
         with self.cond:
-            self.jobs.append(job)
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
-                self.thread.start()
-            else:
+            queue = self.keys.get(key)
+            if queue is not None:
+                queue.append(job)  # behind the key's earlier jobs; the key is ready or running already
+                return
+            self.keys[key] = deque((job,))
+            self.ready.append(key)
+            if self.idle:
                 self.cond.notify()
+            elif len(self.threads) < self.size:
+                thread = threading.Thread(target=self._serve, name=f"{self.name}-{len(self.threads)}", daemon=True)
+                self.threads.add(thread)
+                thread.start()
 
     def _serve(self) -> None:
         cond = self.cond
+        me = threading.current_thread()
         while True:
             with cond:
-                while not self.jobs:
+                while not self.ready:
                     # The decision to end is taken under the lock a submit takes: a job is never stranded.
-                    if self.stopping or (not cond.wait(self.idle_seconds) and not self.jobs):
-                        self.thread = None
+                    if self.stopping:
+                        self.threads.discard(me)
                         return
-                jobs, self.jobs = self.jobs, []
-            for job in jobs:
-                try:
-                    job.result = job.func(*job.args)
-                except BaseException as exc:  # handed to the waiting caller, raised there
-                    job.error = exc
-                job.finish()
+                    self.idle += 1
+                    woken = cond.wait(self.idle_seconds)
+                    self.idle -= 1
+                    if not woken and not self.ready:
+                        self.threads.discard(me)
+                        return
+                key = self.ready.popleft()
+                job = self.keys[key][0]
+            try:
+                job.result = job.func(*job.args)
+            except BaseException as exc:  # handed to the waiting caller, raised there
+                job.error = exc
+            with cond:
+                queue = self.keys[key]
+                queue.popleft()
+                if queue:
+                    self.ready.append(key)  # its next job, after every key that was ready before it
+                else:
+                    del self.keys[key]
+            job.finish()
 
-    def stop(self) -> threading.Thread | None:
-        """Ask the thread to end once its queue is empty; the thread to join (``None`` if there is none)."""
+    def stop(self) -> list[threading.Thread]:
+        """Ask every thread to end once no job is left; the threads to join."""
         with self.cond:
             self.stopping = True
-            self.cond.notify()
-            return self.thread
+            self.cond.notify_all()
+            return list(self.threads)
 
     def restart_allowed(self) -> None:
         with self.cond:
@@ -187,8 +219,10 @@ class _Lane:
 
     def reset_after_fork(self) -> None:
         self.cond = threading.Condition(threading.Lock())
-        self.jobs = []
-        self.thread = None
+        self.keys = {}
+        self.ready = deque()
+        self.threads = set()
+        self.idle = 0
         self.stopping = False
 
 
@@ -201,8 +235,7 @@ def _after_fork_in_child() -> None:
     _mailboxes_lock = threading.Lock()
     _mailboxes.clear()
     for writer in list(_writers):
-        for lane in writer._lanes:
-            lane.reset_after_fork()
+        writer._pool.reset_after_fork()
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
@@ -212,10 +245,10 @@ if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
 class BlockingWriter:
     """A backend's blocking steps, run off the event loop by a few long-lived threads (one hand-off per wake).
 
-    :param lanes: threads, each with its own queue; jobs with equal keys share a lane and run in submission
-        order, jobs of different lanes run at the same time (their syncs overlap).
+    :param lanes: threads at most; jobs with equal keys run one at a time in submission order, jobs of different
+        keys run at the same time on different threads (their syncs overlap).
     :param name: the threads' name (shown by debuggers and ``threading.enumerate``).
-    :param idle_seconds: a lane's thread ends after this long without a job (the next job starts it again).
+    :param idle_seconds: a thread ends after this long without a job (a later job starts one again).
 
     Works from any number of asyncio and trio event loops at once (each job reports back to the loop that
     submitted it). Close it with :meth:`aclose` (a backend does so in its own ``aclose``).
@@ -226,21 +259,20 @@ class BlockingWriter:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         if not idle_seconds > 0:
             raise ValueError(f"idle_seconds must be positive, got {idle_seconds!r}")
-        self._lanes = tuple(_Lane(f"{name}-{index}", idle_seconds) for index in range(lanes))
+        self._pool = _Pool(lanes, name, idle_seconds)
         _writers.add(self)
 
     @property
     def lanes(self) -> int:
-        """How many lanes (threads at most) this writer has."""
-        return len(self._lanes)
+        """How many threads at most this writer runs at once."""
+        return self._pool.size
 
     async def run(self, key: Hashable, func: Callable[..., T], *args: Any) -> T:
-        """Run ``func(*args)`` on the lane of ``key`` after every job queued there before it; its result or its
+        """Run ``func(*args)`` on a writer thread after every job of ``key`` queued before it; its result or its
         exception. The wait is shielded: the job always runs to its end before the caller sees a cancellation.
         """
-        lanes = self._lanes
         job = _Job(func, args, _current_mailbox())
-        lanes[hash(key) % len(lanes) if len(lanes) > 1 else 0].submit(job)
+        self._pool.submit(key, job)
         done = job.done
         assert done is not None
         try:
@@ -264,23 +296,21 @@ class BlockingWriter:
         args: tuple[Any, ...],
         callback: Callable[[Any, BaseException | None], None],
     ) -> None:
-        """Queue ``func(*args)`` on the lane of ``key`` (after every job queued there) and return at once; once it has
+        """Queue ``func(*args)`` behind every job of ``key`` queued before it and return at once; once it has
         run, ``callback(result, error)`` is called on the writer thread. The job runs to its end whatever happens
         to the submitter; the callback must be quick and must not block (it typically posts to a loop)."""
-        lanes = self._lanes
-        lanes[hash(key) % len(lanes) if len(lanes) > 1 else 0].submit(_Job(func, args, None, callback))
+        self._pool.submit(key, _Job(func, args, None, callback))
 
     async def aclose(self) -> None:
-        """End every lane's thread once its queued jobs are done, and wait for them (idempotent; a later
-        :meth:`run` starts a lane again)."""
-        threads = [thread for thread in (lane.stop() for lane in self._lanes) if thread is not None]
+        """End every thread once the queued jobs are done, and wait for them (idempotent; a later :meth:`run` starts
+        one again)."""
+        threads = self._pool.stop()
         try:
             if threads:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(_join_all, threads)
         finally:
-            for lane in self._lanes:
-                lane.restart_allowed()
+            self._pool.restart_allowed()
 
 
 def _join_all(threads: list[threading.Thread]) -> None:

@@ -42,12 +42,12 @@ from .._model.errors import (
 from .._model.events import SessionEvent
 from .._wire.contiguity import check_contiguous
 from .._wire.stored_log import same_events, same_header, validate_stored
-from .state import CoordinatorCore, PendingWrite, SessionState
+from .state import CoordinatorCore, PendingWrite, SessionState, is_refusal, succeeded
 
 if sys.version_info < (3, 11):  # pragma: no cover - exercised on 3.10 only
     from exceptiongroup import BaseExceptionGroup
 
-__all__ = ["DurableWrites", "Verdict", "is_refusal", "storage_error", "succeeded"]
+__all__ = ["DurableWrites", "Verdict", "storage_error"]
 
 _logger = logging.getLogger("dsh.session_persistence")
 
@@ -66,14 +66,6 @@ class Verdict(enum.Enum):
     ACKNOWLEDGED = "acknowledged"
     ABSENT = "absent"
     PARTIAL = "partial"
-
-
-def is_refusal(exc: BaseException) -> bool:
-    """Whether a primitive refused before writing (a persistence error other than a storage failure, or bad
-    input): nothing reached storage, so there is nothing to read back."""
-    if isinstance(exc, SessionStorageError):
-        return False
-    return isinstance(exc, (SessionPersistenceError, TypeError, ValueError))
 
 
 def _first_os_error(exc: BaseException) -> OSError | None:
@@ -128,14 +120,6 @@ def _compare(session_id: str, pending: PendingWrite, events: Sequence[SessionEve
     if len(tail) == len(pending.events):
         return Verdict.ACKNOWLEDGED
     return Verdict.ABSENT if not tail else Verdict.PARTIAL
-
-
-def succeeded(state: SessionState, pending: PendingWrite) -> None:
-    """Record that ``pending``'s primitive returned: durable, nothing in doubt."""
-    state.doubt = None
-    state.settled = ()
-    state.materialized = True
-    state.cursor = len(pending.events) if pending.replaced else pending.start + len(pending.events)
 
 
 def _apply(state: SessionState, pending: PendingWrite, verdict: Verdict, stored_length: int) -> None:

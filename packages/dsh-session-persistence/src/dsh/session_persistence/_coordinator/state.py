@@ -41,7 +41,7 @@ from .._backends.protocol import (
     SupportsWriterLease,
     WriterLease,
 )
-from .._model.errors import SessionPersistenceError
+from .._model.errors import SessionPersistenceError, SessionStorageError
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader
 from .fifo import FifoChains
@@ -58,6 +58,8 @@ __all__ = [
     "SessionHost",
     "SessionState",
     "Writes",
+    "is_refusal",
+    "succeeded",
 ]
 
 _logger = logging.getLogger("dsh.session_persistence")
@@ -344,3 +346,19 @@ class CoordinatorCore:
         """The host's live Session with this id, if any."""
         store = self.host.sessions
         return None if store is None else store.get(session_id)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether a primitive refused before writing (a persistence error other than a storage failure, or bad
+    input): nothing reached storage, so there is nothing to read back."""
+    if isinstance(exc, SessionStorageError):
+        return False
+    return isinstance(exc, (SessionPersistenceError, TypeError, ValueError))
+
+
+def succeeded(state: SessionState, pending: PendingWrite) -> None:
+    """Record that ``pending``'s primitive returned: durable, nothing in doubt."""
+    state.doubt = None
+    state.settled = ()
+    state.materialized = True
+    state.cursor = len(pending.events) if pending.replaced else pending.start + len(pending.events)
