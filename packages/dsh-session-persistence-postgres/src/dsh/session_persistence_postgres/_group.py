@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import queue
 import threading
 import time
@@ -86,7 +87,7 @@ class _Group:
         pending = self._jobs
         while pending:
             try:
-                rows = retry.once("append", lambda conn, jobs=pending: self._attempt(conn, jobs), False, deadline)
+                rows = retry.once("append", functools.partial(self._attempt, jobs=pending), False, deadline)
             except NotSent as exc:
                 if not exc.retryable or time.monotonic() + delay > deadline:
                     self._fail(pending, self._unsent_error, exc.cause)
