@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import queue
+import statistics
 import subprocess
 import sys
 import threading
@@ -441,9 +442,9 @@ def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return rows[-1]
     out = dict(good[0])
     for name in _FIELDS:
-        values = sorted(r[name] for r in good if name in r)
+        values = [r[name] for r in good if name in r]
         if values:
-            out[name] = values[len(values) // 2]
+            out[name] = statistics.median(values)
     return out
 
 

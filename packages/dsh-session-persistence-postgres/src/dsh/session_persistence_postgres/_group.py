@@ -273,7 +273,6 @@ class GroupCommitter:
         self._queue: queue.SimpleQueue[GroupJob | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.groups = 0  # transactions sent (for the bench's transactions per barrier)
 
     def submit(self, job: GroupJob) -> None:
         """Queue ``job``; it is sent in the next group (its waiter is woken with ``job.error`` set or not)."""
@@ -342,7 +341,6 @@ class GroupCommitter:
                 continue
             ready.append(job)
         if ready:
-            self.groups += 1
             _Group(self._store, store_id, ready).run()
 
 
