@@ -149,9 +149,12 @@ class WriteChains:
             self._last[session_id] = link
             return link
 
-    def end(self, session_id: str, link: _Link) -> None:
-        """``link``'s write ended (the committer settled it): the session's next write may start."""
+    def end(self, session_id: str, link: _Link, *, unknown: bool = False) -> None:
+        """``link``'s write ended (the committer settled it): the session's next write may start; ``unknown``: what
+        it stored is not known, so that write reads back first."""
         with self._cond:
+            if unknown:
+                link.abandoned = True  # sent and unsettled: the same state as a write whose caller left
             link.ended = True
             if self._last.get(session_id) is link and not link.unknown:
                 del self._last[session_id]

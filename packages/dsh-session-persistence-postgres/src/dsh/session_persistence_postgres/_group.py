@@ -256,7 +256,7 @@ def _typed_refusal(session_id: str, refusal: SessionStorageError) -> SessionPers
     return refusal
 
 
-def _copy(exc: SessionPersistenceError) -> BaseException:
+def _copy(exc: Exception) -> BaseException:
     """A copy of one failure for each caller (each raises and chains its own); the original if it cannot be."""
     try:
         return copy.copy(exc)
@@ -309,16 +309,25 @@ class GroupCommitter:
             self._commit(jobs)
 
     def _commit(self, jobs: list[GroupJob]) -> None:
+        unknown = False
         try:
             self._send(jobs)
-        except BaseException as exc:  # a bug must not strand the callers: each gets a typed failure
+        except BaseException as exc:
+            # Raised past the retry rules (a connection refused by the durability check, a bug): every caller
+            # gets it, as the single write would raise it, and since what was sent is not known, the session's
+            # next write reads back first.
+            unknown = True
             for job in jobs:
                 if job.error is None:
-                    job.error = SessionStorageError(f"PostgreSQL append failed: {type(exc).__name__}: {exc}")
+                    job.error = (
+                        _copy(exc)
+                        if isinstance(exc, Exception)
+                        else SessionStorageError(f"PostgreSQL append failed: {type(exc).__name__}: {exc}")
+                    )
         finally:
             by_loop: dict[int, list[GroupJob]] = {}
             for job in jobs:
-                self._chains.end(job.session_id, job.link)
+                self._chains.end(job.session_id, job.link, unknown=unknown)
                 by_loop.setdefault(id(job.waiter.key), []).append(job)
             for woken in by_loop.values():
                 with contextlib.suppress(RuntimeError):  # a loop that has closed has no caller left to wake
