@@ -29,6 +29,7 @@ from bench_big import big_child, big_session_section
 from bench_commits import _many_child, commit_section, many_sessions_section
 from bench_common import FULL, QUICK, Report, machine
 from bench_fleet import fleet_child, fleet_section
+from bench_fleet_pg import fleet_pg_child, fleet_pg_section
 from bench_load import _load_child, load_section
 from bench_loop import loop_section
 from bench_peers import peer_status
@@ -51,6 +52,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.fleet_only:
             run_fleet(args, report, scratch)
+            f["table"] = [list(r) for r in report.rows]
+            return f
+        if args.fleet_pg_only:
+            run_fleet_pg(args, report)
             f["table"] = [list(r) for r in report.rows]
             return f
         if args.commits_only:
@@ -82,6 +87,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
         if not args.no_fleet:
             run_fleet(args, report, scratch)
+            if not args.no_postgres:
+                run_fleet_pg(args, report)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     f["table"] = [list(r) for r in report.rows]
@@ -100,6 +107,15 @@ def run_fleet(args: argparse.Namespace, report: Report, scratch: str) -> None:
         return
     sessions = tuple(int(n) for n in (args.fleet_sessions or "1,100,1000").split(","))
     fleet_section(report, scratch, sessions=sessions, seconds=args.fleet_seconds, peers=peers)
+
+
+def run_fleet_pg(args: argparse.Namespace, report: Report) -> None:
+    """Section 12b (fleet on PostgreSQL) with this run's sizes: quick is a smoke (N = 3, times scaled by 0.1)."""
+    if args.quick and not args.fleet_sessions:
+        fleet_pg_section(report, sessions=(3,), seconds=0.25, scale=0.1)
+        return
+    sessions = tuple(int(n) for n in (args.fleet_sessions or "10,100,1000").split(","))
+    fleet_pg_section(report, sessions=sessions, seconds=args.fleet_seconds, rounds=args.fleet_pg_rounds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="print the issue #24 targets of an earlier --json FILE, then exit",
     )
+    parser.add_argument(
+        "--fleet-pg-only", action="store_true", help="only the fleet on PostgreSQL (section 12b; N default 10,100,1000)"
+    )
+    parser.add_argument("--fleet-pg-rounds", type=int, default=2, help="interleaved rounds of section 12b (default 2)")
     parser.add_argument("--_fleet-child", help=argparse.SUPPRESS)
+    parser.add_argument("--_fleet-pg-child", help=argparse.SUPPRESS)
     parser.add_argument("--_big-child", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--_load-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_many-child", nargs=4, help=argparse.SUPPRESS)
@@ -157,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args._fleet_child:
         fleet_child(args._fleet_child)
+        return 0
+    if args._fleet_pg_child:
+        fleet_pg_child(args._fleet_pg_child)
         return 0
     if args._big_child:
         big_child(*args._big_child)

@@ -145,7 +145,7 @@ async def test_kill_while_a_batch_waits_inside_its_transaction(cluster: PgCluste
             cluster,
             storage,
             batch,
-            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%WITH s AS (UPDATE%' AND pid <> pg_backend_pid()",
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE%SET next_seq = %next_seq + %' AND pid <> pg_backend_pid()",
             restart=False,
             retry_timeout=0.5,
         )
@@ -169,7 +169,7 @@ async def test_kill_during_a_large_batch_settles_by_reading_back(cluster: PgClus
         cluster,
         storage,
         batch,
-        "SELECT count(*) > 0 FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%WITH s AS (UPDATE%' AND pid <> pg_backend_pid()",
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%UPDATE%SET next_seq = %next_seq + %' AND pid <> pg_backend_pid()",
         restart=True,
         retry_timeout=60,
     )

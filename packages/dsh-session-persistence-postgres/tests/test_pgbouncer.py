@@ -69,6 +69,29 @@ async def test_many_clients_share_two_server_connections(bouncer: Bouncer) -> No
             await backend.aclose()
 
 
+async def test_groups_of_many_sessions_through_pgbouncer(bouncer: Bouncer) -> None:
+    """Later batches of 24 sessions at once from one backend: the group committer's transactions (many sessions
+    each) pass pgbouncer's transaction pooling like any other primitive, and every batch is stored once."""
+    schema = f"bouncer_{uuid.uuid4().hex[:10]}"
+    backend = PostgresBackend(bouncer.dsn, schema=schema, connection_kwargs=TRANSACTION_MODE, max_size=2)
+    sessions, rounds = 24, 6
+    try:
+        for index in range(sessions):
+            await backend.append_batch(StorageMetadata(meta(f"g{index}")), one_turn_log(), False)
+        for n in range(rounds):
+            async with anyio.create_task_group() as tg:
+                for index in range(sessions):
+                    tg.start_soon(
+                        backend.append_batch, StorageMetadata(meta(f"g{index}")), simple_turn(6 + 3 * n, n + 2), True
+                    )
+        expected = one_turn_log() + [e for n in range(rounds) for e in simple_turn(6 + 3 * n, n + 2)]
+        for index in range(sessions):
+            stored = await backend.load_stored(f"g{index}")
+            assert stored is not None and list(stored.events) == expected
+    finally:
+        await backend.aclose()
+
+
 def _frontend_messages(traces: Path) -> list[str]:
     """The message types the client sent, from libpq's protocol traces (``time  F  length  Type  ...``)."""
     return [

@@ -1,6 +1,7 @@
 """Server restarts (``pg_ctl stop -m fast|immediate`` + start) while several worker processes append.
 
-Every pooled connection is stale after a restart. The backend notices that before it sends anything (an idle
+Each worker writes several sessions at once, so its appends go out in groups of many sessions (one committer
+per backend). Every pooled connection is stale after a restart. The backend notices that before it sends anything (an idle
 connection with something to read was closed by the server) and takes a fresh one; the append in flight at the
 kill is settled by reading back once the server is up. So no append fails, and every acknowledged batch is
 stored exactly once (``synchronous_commit=on``). The workers alternate between asyncio and trio.
@@ -17,6 +18,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -30,6 +32,7 @@ from ._pgserver import PgCluster, running_cluster
 
 LONG = os.environ.get("DSH_LONG") == "1"
 WORKERS = 8 if LONG else 3
+SESSIONS = 6  # per worker process: its appends go out in groups of many sessions
 MODES = ["fast", "immediate"] * (3 if LONG else 1)
 
 WORKER = textwrap.dedent(
@@ -40,8 +43,7 @@ WORKER = textwrap.dedent(
     from dsh.session_persistence.events import OpaqueEvent
     from dsh.session_persistence_postgres import PostgresBackend
 
-    dsn, schema, sid, loop = sys.argv[1:5]
-    storage = StorageMetadata(SessionHeader(id=sid, created_at=1, cwd="/restart"))
+    dsn, schema, name, loop, sessions = sys.argv[1:6]
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 
@@ -51,22 +53,34 @@ WORKER = textwrap.dedent(
 
     async def main():
         backend = PostgresBackend(dsn, schema=schema, retry_timeout=90, max_size=2)
-        ok, failed, seq = 0, [], 0
-        try:
-            await backend.append_batch(storage, batch(0), False)
-            ok, seq = 1, 3
-            print("ready", flush=True)
+        reports = {}
+
+        async def session(sid):
+            # Its later batches go to the backend's group committer with the other sessions' of this process.
+            storage = StorageMetadata(SessionHeader(id=sid, created_at=1, cwd="/restart"))
+            report = reports[sid]
             while not stop.is_set():
                 try:
-                    await backend.append_batch(storage, batch(seq), True)
+                    await backend.append_batch(storage, batch(report["seq"]), True)
                 except Exception as exc:
-                    failed.append(f"{type(exc).__name__}: {exc}")
-                    break  # the session's state is unknown to this worker now
-                ok += 1
-                seq += 3
+                    report["failed"].append(f"{type(exc).__name__}: {exc}")
+                    return  # the session's state is unknown to this worker now
+                report["ok"] += 1
+                report["seq"] += 3
+
+        try:
+            for k in range(int(sessions)):
+                sid = f"{name}-{k}"
+                storage = StorageMetadata(SessionHeader(id=sid, created_at=1, cwd="/restart"))
+                await backend.append_batch(storage, batch(0), False)
+                reports[sid] = {"ok": 1, "seq": 3, "failed": []}
+            print("ready", flush=True)
+            async with anyio.create_task_group() as tg:
+                for sid in reports:
+                    tg.start_soon(session, sid)
         finally:
             await backend.aclose()
-        print(json.dumps({"ok": ok, "seq": seq, "failed": failed}), flush=True)
+        print(json.dumps(reports), flush=True)
 
     anyio.run(main, backend=loop)
     """
@@ -103,7 +117,7 @@ def test_restarts_fail_no_append(cluster: PgCluster) -> None:
     schema = f"restart_{uuid.uuid4().hex[:10]}"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, cluster.dsn, schema, f"w{n}", "trio" if n % 2 else "asyncio"],
+            [sys.executable, "-c", WORKER, cluster.dsn, schema, f"w{n}", "trio" if n % 2 else "asyncio", str(SESSIONS)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -116,19 +130,21 @@ def test_restarts_fail_no_append(cluster: PgCluster) -> None:
             assert proc.stdout is not None
             line = proc.stdout.readline()
             assert line.strip() == "ready", proc.stderr.read() if proc.stderr else line
-        total = _wait_for_progress(cluster.dsn, schema, 30 * WORKERS)
+        total = _wait_for_progress(cluster.dsn, schema, 30 * WORKERS * SESSIONS)
         for mode in MODES:
             cluster.stop(mode)
             cluster.start()
-            total = _wait_for_progress(cluster.dsn, schema, total + 30 * WORKERS)
+            total = _wait_for_progress(cluster.dsn, schema, total + 30 * WORKERS * SESSIONS)
     finally:
         outputs = [proc.communicate(input="", timeout=180) for proc in procs]
-    reports = []
+    reports: dict[str, Any] = {}
     for proc, (out, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    failed = [f for report in reports for f in report["failed"]]
-    print(f"{len(MODES)} restarts, {WORKERS} workers, {sum(r['ok'] for r in reports)} appends, {len(failed)} failed")
+        reports.update(json.loads(out.strip().splitlines()[-1]))
+    failed = [f for report in reports.values() for f in report["failed"]]
+    print(
+        f"{len(MODES)} restarts, {WORKERS} workers, {sum(r['ok'] for r in reports.values())} appends, {len(failed)} failed"
+    )
     assert failed == []
     # Every acknowledged batch is stored exactly once, contiguous.
     with psycopg.connect(cluster.dsn, autocommit=True) as conn:
@@ -137,8 +153,10 @@ def test_restarts_fail_no_append(cluster: PgCluster) -> None:
             f'JOIN "{schema}".dsh_events e ON e.session_id = s.id GROUP BY s.id, s.next_seq ORDER BY s.id'.encode()
         ).fetchall()
     stored = {sid: (next_seq, count, top) for sid, next_seq, count, top in rows}
-    for n, report in enumerate(reports):
-        assert stored[f"w{n}"] == (report["seq"], report["seq"], report["seq"] - 1), (n, report)
+    assert len(reports) == WORKERS * SESSIONS
+    for sid, report in reports.items():
+        seq = report["seq"]
+        assert stored[sid] == (seq, seq, seq - 1), (sid, report)
     assert "automatic recovery in progress" in (cluster.root / "server.log").read_text(errors="replace")
 
 

@@ -132,6 +132,42 @@ class WriteChains:
                 self._cond.notify_all()  # a write waiting behind a skipped one may go now
             raise
 
+    def enter(self, session_id: str) -> _Link | None:
+        """A sent link for a write that needs no wait and no read-back, or ``None`` if the session's chain is busy.
+
+        Free means no write of the session is in flight and none was left in doubt: the write may go to the group
+        committer at once (see :mod:`._group`). It counts as sent from now on: once queued it is always sent, so a
+        caller that leaves makes it *unknown* and the session's next write reads back first (:meth:`run`).
+        """
+        with self._cond:
+            if self._closed:
+                raise SessionStorageError("PostgresBackend is closed")
+            if session_id in self._last:
+                return None
+            link = _Link(None)
+            link.sent = True
+            self._last[session_id] = link
+            return link
+
+    def end(self, session_id: str, link: _Link, *, unknown: bool = False) -> None:
+        """``link``'s write ended (the committer settled it): the session's next write may start; ``unknown``: what
+        it stored is not known, so that write reads back first."""
+        with self._cond:
+            if unknown:
+                link.abandoned = True  # sent and unsettled: the same state as a write whose caller left
+            link.ended = True
+            if self._last.get(session_id) is link and not link.unknown:
+                del self._last[session_id]
+            self._cond.notify_all()
+
+    def abandon(self, session_id: str, link: _Link) -> None:
+        """``link``'s caller left: if its write has already ended, the next write still reads back after it."""
+        with self._cond:
+            link.abandoned = True
+            if session_id not in self._last:
+                self._last[session_id] = link
+            self._cond.notify_all()
+
     def _pass_over(self, session_id: str, link: _Link) -> None:
         """``link`` will never send: if it is the session's last, the write it followed takes its place."""
         if self._last.get(session_id) is not link:

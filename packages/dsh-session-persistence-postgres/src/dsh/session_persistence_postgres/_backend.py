@@ -7,10 +7,11 @@ only through a compare-and-set on the session row's ``next_seq`` (under its row 
 seq)`` is the events' primary key. Two processes racing on one id therefore never interleave or duplicate a
 seq: the loser gets :class:`SeqMismatchError` (or :class:`SessionAlreadyExistsError` for the first batch).
 
-The work runs on sync psycopg connections in anyio worker threads, so any anyio event loop (asyncio, trio) can
-drive it. A cancelled caller leaves at once (its deadline bounds the call); the thread goes on to its end, bounded
-by the backend's own timeouts, and the session's next write waits for it and reads back what it left (see
-:mod:`._abandon`).
+The work runs on sync psycopg connections in threads, so any anyio event loop (asyncio, trio) can drive it. The
+later batches of every session go through one committer thread that sends all the batches queued meanwhile as one
+transaction (group commit, see :mod:`._group`); the other primitives run in anyio worker threads. A cancelled
+caller leaves at once (its deadline bounds the call); the write goes on to its end, bounded by the backend's own
+timeouts, and the session's next write waits for it and reads back what it left (see :mod:`._abandon`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ._core import (
 from ._errors import PostgresConfigurationError
 from ._sealing import RowSealer  # no psycopg in it
 from ._settings import Settings
+from ._wake import Waiter
 
 # psycopg (about 0.4 s of CPU to import) and the modules built on it load when the first backend is built, not
 # with this module: every dsh-sessions process imports the class through the plugin entry point, and most of them
@@ -57,6 +59,9 @@ if TYPE_CHECKING:
 __all__ = ["PostgresBackend"]
 
 T = TypeVar("T")
+
+#: At close, how long to wait for the committer to settle the groups still queued (seconds).
+_COMMITTER_GRACE = 5.0
 
 
 def _where(conninfo: str, pool: ConnectionPool[Any] | None) -> str:
@@ -122,6 +127,7 @@ class PostgresBackend:
         from psycopg_pool import ConnectionPool
 
         from ._connections import Connections
+        from ._group import GroupCommitter, GroupJob
         from ._schema import Tables
         from ._store import SyncStore
 
@@ -167,6 +173,8 @@ class PostgresBackend:
             connections, self._tables, self._codec, self._settings, RowSealer(encryption, allow_plaintext)
         )
         self._chains = WriteChains()
+        self._committer = GroupCommitter(self._store, self._chains)
+        self._job = GroupJob  # psycopg loads with the first backend, not with this module
         self._closed = False
 
     @classmethod
@@ -246,7 +254,19 @@ class PostgresBackend:
         first = events[0].seq
         check_contiguous(session_id, first, events)
         rows = [self._codec.encode(e) for e in events]
-        await self._write(session_id, self._store.append, storage, rows, first, False)
+        link = self._chains.enter(session_id)
+        if link is None:  # a write of the session is in flight or in doubt: after it, on its own
+            await self._write(session_id, self._store.append, storage, rows, first, False)
+            return
+        job = self._job(storage, first, rows, link, Waiter())
+        self._committer.submit(job)
+        try:
+            await job.waiter.wait()
+        except BaseException:
+            self._chains.abandon(session_id, link)  # the write goes on; the session's next write reads back
+            raise
+        if job.error is not None:
+            raise job.error
 
     async def commit_repair(
         self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]
@@ -328,6 +348,8 @@ class PostgresBackend:
             for lease in self._leases:  # leases the coordinator did not release end with the backend
                 await lease.release()
             await anyio.to_thread.run_sync(self._store.close)
+            # The jobs still queued fail typed on the closed store (their callers are woken); bounded like close.
+            await anyio.to_thread.run_sync(self._committer.close, _COMMITTER_GRACE)
 
     def __repr__(self) -> str:
         return f"PostgresBackend(schema={self._tables.schema_name!r})"

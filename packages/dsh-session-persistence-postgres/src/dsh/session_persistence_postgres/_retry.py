@@ -19,12 +19,12 @@ import psycopg
 from ._connections import Conn, Connections, Lost, NotSent, server_error
 from ._core import SeqMismatchError, SessionAlreadyExistsError, SessionStorageError, SessionWriteInDoubtError
 
-__all__ = ["Outcome", "Retrier"]
+__all__ = ["FIRST_DELAY", "MAX_DELAY", "Outcome", "Retrier", "in_doubt_error", "unreachable_error"]
 
 T = TypeVar("T")
 
-_FIRST_DELAY = 0.05
-_MAX_DELAY = 1.0
+FIRST_DELAY = 0.05
+MAX_DELAY = 1.0
 
 
 class Outcome(enum.Enum):
@@ -41,7 +41,8 @@ class Retrier:
         self._connections = connections
         self._retry_timeout = retry_timeout
 
-    def _once(self, action: str, body: Callable[[Conn], T], direct: bool, deadline: float) -> T:
+    def once(self, action: str, body: Callable[[Conn], T], direct: bool, deadline: float) -> T:
+        """``body`` on one connection: raises :class:`NotSent`, :class:`Lost` or a typed server error."""
         try:
             with self._connections.connection(direct=direct, wait=deadline - time.monotonic()) as conn:
                 return body(conn)
@@ -51,18 +52,18 @@ class Retrier:
     def read(self, action: str, body: Callable[[Conn], T], *, direct: bool = False) -> T:
         """Run an idempotent ``body``, reconnecting and retrying while the failure is a connection's."""
         deadline = time.monotonic() + self._retry_timeout
-        delay = _FIRST_DELAY
+        delay = FIRST_DELAY
         while True:
             try:
-                return self._once(action, body, direct, deadline)
+                return self.once(action, body, direct, deadline)
             except NotSent as exc:
                 if not exc.retryable or time.monotonic() + delay > deadline:
-                    raise _unreachable(action, exc.cause) from exc.cause
+                    raise unreachable_error(action, exc.cause) from exc.cause
             except Lost as exc:
                 if time.monotonic() + delay > deadline:
                     raise _lost(action, exc) from exc.cause
             time.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY)
+            delay = min(delay * 2, MAX_DELAY)
 
     def write(self, action: str, attempt: Callable[[Conn], T], settle: Callable[[Conn], Outcome]) -> T | None:
         """Run ``attempt``; settle a lost connection by ``settle`` (a read-back) before anything is sent again.
@@ -70,19 +71,19 @@ class Retrier:
         Returns ``attempt``'s result, or ``None`` when the write was found already stored by a read-back.
         """
         deadline = time.monotonic() + self._retry_timeout
-        delay = _FIRST_DELAY
+        delay = FIRST_DELAY
         in_doubt: Lost | None = None
         while True:
             try:
-                return self._once(action, attempt, False, deadline)
+                return self.once(action, attempt, False, deadline)
             except NotSent as exc:
                 # Nothing was sent this time: waiting and sending again is safe.
                 if not exc.retryable or time.monotonic() + delay > deadline:
                     if in_doubt is not None:
-                        raise _in_doubt(action, in_doubt, exc.cause) from exc.cause
-                    raise _unreachable(action, exc.cause) from exc.cause
+                        raise in_doubt_error(action, in_doubt, exc.cause) from exc.cause
+                    raise unreachable_error(action, exc.cause) from exc.cause
                 time.sleep(delay)
-                delay = min(delay * 2, _MAX_DELAY)
+                delay = min(delay * 2, MAX_DELAY)
                 continue
             except Lost as exc:
                 in_doubt = exc
@@ -95,28 +96,28 @@ class Retrier:
                 return None
             if time.monotonic() > deadline:
                 # Not stored when read back, but the lost copy might still land: only the CAS makes that safe.
-                raise _in_doubt(action, in_doubt, in_doubt.cause) from in_doubt.cause
+                raise in_doubt_error(action, in_doubt, in_doubt.cause) from in_doubt.cause
 
     def _settle(self, action: str, settle: Callable[[Conn], Outcome], in_doubt: Lost, deadline: float) -> Outcome:
-        delay = _FIRST_DELAY
+        delay = FIRST_DELAY
         while True:
             try:
-                return self._once(f"{action} (read-back)", settle, False, deadline)
+                return self.once(f"{action} (read-back)", settle, False, deadline)
             except NotSent as exc:
                 if not exc.retryable or time.monotonic() + delay > deadline:
-                    raise _in_doubt(action, in_doubt, exc.cause) from in_doubt.cause
+                    raise in_doubt_error(action, in_doubt, exc.cause) from in_doubt.cause
             except Lost as exc:
                 if time.monotonic() + delay > deadline:
-                    raise _in_doubt(action, in_doubt, exc.cause) from in_doubt.cause
+                    raise in_doubt_error(action, in_doubt, exc.cause) from in_doubt.cause
             time.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY)
+            delay = min(delay * 2, MAX_DELAY)
 
 
 def _text(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _unreachable(action: str, cause: BaseException) -> SessionStorageError:
+def unreachable_error(action: str, cause: BaseException) -> SessionStorageError:
     return SessionStorageError(f"PostgreSQL {action} failed: cannot get a connection: {_text(cause)}")
 
 
@@ -125,7 +126,7 @@ def _lost(action: str, lost: Lost) -> SessionStorageError:
     return SessionStorageError(f"PostgreSQL {action} failed: the connection was lost ({how})")
 
 
-def _in_doubt(action: str, lost: Lost, last: BaseException) -> SessionWriteInDoubtError:
+def in_doubt_error(action: str, lost: Lost, last: BaseException) -> SessionWriteInDoubtError:
     how = "no reply within client_timeout" if lost.timed_out else _text(lost.cause)
     return SessionWriteInDoubtError(
         f"PostgreSQL {action}: the connection was lost after the write was sent ({how}) and what was stored "

@@ -45,6 +45,9 @@ class Statements:
     rewrite: sql.Composed
     settings: sql.Composed
     delete: sql.Composed
+    append_group: sql.Composed
+    heads_of: sql.Composed
+    events_of: sql.Composed
 
     @classmethod
     def for_tables(cls, t: Tables) -> Statements:
@@ -112,6 +115,36 @@ class Statements:
                 " key_id = EXCLUDED.key_id, nonce = EXCLUDED.nonce"
                 " RETURNING 1) "
                 "SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM d), (SELECT count(*) FROM i)"
+            ),
+            # Later batches of many sessions in one statement (the group committer): each session's row is locked
+            # in id order (two groups sharing sessions never deadlock), its next_seq compare-and-set against its
+            # batch's first seq, and the events inserted only for the sessions whose check held. One row per batch:
+            # id, stored, and (read in the statement's snapshot, as for ``append``) next_seq and seal check.
+            append_group=q(
+                "WITH b AS (SELECT * FROM unnest(%(ids)s::text[], %(firsts)s::bigint[], %(ns)s::bigint[],"
+                " %(seals)s::text[]) AS b(id, first, n, seal)), "
+                "l AS (SELECT id FROM {sessions} WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE), "
+                "s AS (UPDATE {sessions} t SET next_seq = t.next_seq + b.n, revision = nextval({rev}),"
+                " updated_at = " + NOW_MS + " FROM b"
+                " WHERE t.id = b.id AND t.id IN (SELECT id FROM l) AND t.next_seq = b.first"
+                " AND t.seal_id IS NOT DISTINCT FROM b.seal RETURNING t.id), "
+                "e AS (INSERT INTO {events} " + _EVENT_COLUMNS + ""
+                " SELECT u.sid, u.seq, u.compressed, u.body, u.key_id, u.nonce FROM unnest(%(sids)s::text[],"
+                " %(seqs)s::bigint[], %(flags)s::boolean[], %(bodies)s::bytea[], %(key_ids)s::text[],"
+                " %(nonces)s::bytea[]) AS u(sid, seq, compressed, body, key_id, nonce)"
+                " WHERE u.sid IN (SELECT id FROM s) RETURNING 1) "
+                "SELECT b.id, b.id IN (SELECT id FROM s), t.next_seq, t.seal_id IS NOT DISTINCT FROM b.seal"
+                " FROM b LEFT JOIN {sessions} t ON t.id = b.id"
+            ),
+            # The read-back of a group: every session's head, and its rows in the range its batch would fill.
+            heads_of=q(
+                "SELECT id, header::text, inherited_event_count, next_seq, revision, seal_id FROM {sessions}"
+                " WHERE id = ANY(%(ids)s::text[])"
+            ),
+            events_of=q(
+                "SELECT e.session_id, e.seq, e.compressed, e.body, e.key_id, e.nonce FROM {events} e"
+                " JOIN unnest(%(ids)s::text[], %(froms)s::bigint[], %(tos)s::bigint[]) AS r(id, lo, hi)"
+                " ON e.session_id = r.id AND e.seq >= r.lo AND e.seq < r.hi ORDER BY e.session_id, e.seq"
             ),
             settings=q("SELECT current_setting('fsync'), current_setting('synchronous_commit')"),
             delete=q(

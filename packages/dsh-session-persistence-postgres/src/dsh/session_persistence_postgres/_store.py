@@ -43,7 +43,7 @@ from ._sealing import Row, RowSealer, SealCache, StoredRow, new_seal_id
 from ._settings import Settings
 from ._statements import Statements, list_page_query
 
-__all__ = ["Loaded", "SyncStore"]
+__all__ = ["SNAPSHOT", "Loaded", "SyncStore", "cas_refused"]
 
 _log = logging.getLogger("dsh.session_persistence_postgres")
 
@@ -52,7 +52,7 @@ Loaded = tuple[SessionHeader, int, list[SessionEvent], str]
 
 
 Statement = tuple[sql.Composed, Mapping[str, Any]]
-_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
 def one_message_transaction(conn: Conn, begin: str, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
@@ -85,7 +85,7 @@ def decode_header(session_id: str, text: str) -> SessionHeader:
         raise SessionPersistenceCorruptionError(f'stored session "{session_id}" failed validation: {exc}') from exc
 
 
-def _cas_refused(session_id: str, snapshot_next_seq: int, first: int) -> str:
+def cas_refused(session_id: str, snapshot_next_seq: int, first: int) -> str:
     """The message of a refused compare-and-set, true in both cases it covers.
 
     ``snapshot_next_seq`` is read in the statement's snapshot, taken before the statement waited for the row lock:
@@ -123,6 +123,12 @@ class SyncStore:
         self._settings = settings
         self._sql = Statements.for_tables(tables)
         self._retry = Retrier(connections, settings.retry_timeout)
+        # What the group committer (:mod:`._group`) writes through: the same statements, retry rules and seals.
+        self.statements = self._sql
+        self.retrier = self._retry
+        self.retry_timeout = settings.retry_timeout
+        self.sealer = sealer
+        self.seals = self._seals
         lock, statement = settings.server_timeouts()
         self._timeouts = {"lock": lock, "statement": statement}
         self._start_lock = threading.Lock()
@@ -186,7 +192,7 @@ class SyncStore:
 
     # -- reads ------------------------------------------------------------------------------------------
 
-    def _transaction(self, conn: Conn, begin: str, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+    def transaction(self, conn: Conn, begin: str, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
         """``statements`` between ``begin`` and ``COMMIT``, under the timeouts: their rows, one list each."""
         return one_message_transaction(conn, begin, [(self._sql.set_timeouts, self._timeouts), *statements])[1:]
 
@@ -196,7 +202,7 @@ class SyncStore:
         params = {"id": session_id, "from": from_seq}
 
         def body(conn: Conn) -> tuple[Any, list[Any]] | None:
-            head, rows = self._transaction(conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
+            head, rows = self.transaction(conn, SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
             return None if not head else (head[0], rows)
 
         found = self._retry.read("load", body)
@@ -225,13 +231,13 @@ class SyncStore:
     def revision(self, session_id: str) -> str | None:
         store_id = self.start()
         (rows,) = self._retry.read(
-            "read revision", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.revision, {"id": session_id})])
+            "read revision", lambda conn: self.transaction(conn, SNAPSHOT, [(self._sql.revision, {"id": session_id})])
         )
         return None if not rows else f"{store_id}:{rows[0][0]}"
 
     def snapshots(self) -> list[tuple[SessionHeader, str]]:
         store_id = self.start()
-        (rows,) = self._retry.read("list", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.snapshots, {})]))
+        (rows,) = self._retry.read("list", lambda conn: self.transaction(conn, SNAPSHOT, [(self._sql.snapshots, {})]))
         listed = []
         for sid, text, rev in rows:
             try:
@@ -263,15 +269,13 @@ class SyncStore:
             header = msgspec.json.encode(header_to_builtins(storage.meta)).decode()
             params = {"id": session_id, "header": header, "cut": storage.inherited_event_count, "n": len(rows)}
         else:
-            seal_id = self._seal_of(session_id)  # a plaintext session stays plaintext, a sealed one sealed
+            seal_id = self.seal_of(session_id)  # a plaintext session stays plaintext, a sealed one sealed
             params = {"id": session_id, "first": first, "n": len(rows)}
         # Sealed once: a retried attempt sends the very same bytes.
         params.update(self._sealer.seal_rows(store_id, session_id, seal_id, rows).params(), seal=seal_id)
 
         def attempt(conn: Conn) -> None:
-            ((result,),) = self._transaction(
-                conn, "BEGIN", [(self._sql.create if create else self._sql.append, params)]
-            )
+            ((result,),) = self.transaction(conn, "BEGIN", [(self._sql.create if create else self._sql.append, params)])
             if result[0] == 1:
                 self._seals.put(session_id, seal_id)
                 return
@@ -285,7 +289,7 @@ class SyncStore:
                     f'append refused for "{session_id}": the session was deleted and created again since this '
                     "backend last read it (its seal id changed)"
                 )
-            raise SeqMismatchError(_cas_refused(session_id, int(result[2]), first))
+            raise SeqMismatchError(cas_refused(session_id, int(result[2]), first))
 
         def settle(conn: Conn) -> Outcome:
             return self._settle_append(conn, store_id, session_id, rows, first, header, seal_id)
@@ -313,9 +317,7 @@ class SyncStore:
         create = header is not None
         params = {"id": session_id, "from": first, "to": first + len(rows)}
 
-        heads, stored = self._transaction(
-            conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_between, params)]
-        )
+        heads, stored = self.transaction(conn, SNAPSHOT, [(self._sql.head, params), (self._sql.events_between, params)])
         head = heads[0] if heads else None
         if head is None:
             if create:
@@ -325,7 +327,7 @@ class SyncStore:
         # A create this call abandoned drew its own seal id: the stored one opens its rows (the header and the
         # plaintext decide). A later batch must find the incarnation it was sealed for.
         same_place = header_text == header if create else stored_seal == seal_id
-        if same_place and self._same_rows(store_id, session_id, stored_seal, stored, rows):
+        if same_place and self.same_rows(store_id, session_id, stored_seal, stored, rows):
             self._seals.put(session_id, stored_seal)
             return Outcome.STORED
         if create:
@@ -337,7 +339,7 @@ class SyncStore:
             "(another writer stored these seqs)"
         )
 
-    def _same_rows(
+    def same_rows(
         self, store_id: str, session_id: str, seal_id: str | None, stored: Sequence[StoredRow], rows: Sequence[Row]
     ) -> bool:
         """Whether ``stored`` holds the events of ``rows`` (compared as JSON: a re-sealed row has a new nonce)."""
@@ -354,13 +356,13 @@ class SyncStore:
                 return False  # rows it cannot open are not the ones this call sealed
         return True
 
-    def _seal_of(self, session_id: str) -> str | None:
+    def seal_of(self, session_id: str) -> str | None:
         """The session's seal id (``None``: plaintext), remembered or read; :class:`SessionNotFoundError` if absent."""
         known, seal_id = self._seals.get(session_id)
         if known:
             return seal_id
         (rows,) = self._retry.read(
-            "read seal", lambda conn: self._transaction(conn, _SNAPSHOT, [(self._sql.seal, {"id": session_id})])
+            "read seal", lambda conn: self.transaction(conn, SNAPSHOT, [(self._sql.seal, {"id": session_id})])
         )
         if not rows:
             raise SessionNotFoundError(session_id)
@@ -378,7 +380,7 @@ class SyncStore:
         """
         store_id = self.start()
         expected = None if expected_revision is None else self._revision_number(session_id, expected_revision, store_id)
-        seal_id = self._seal_of(session_id)
+        seal_id = self.seal_of(session_id)
         new_seal = seal_id
         if expected is not None and seal_id is None and self._sealer.keys is not None:
             new_seal = new_seal_id()  # a compaction (re-encrypt) given keys seals a plaintext session
@@ -395,7 +397,7 @@ class SyncStore:
         }
 
         def attempt(conn: Conn) -> None:
-            (written,) = self._transaction(conn, "BEGIN", [(self._sql.rewrite, params)])
+            (written,) = self.transaction(conn, "BEGIN", [(self._sql.rewrite, params)])
             if not written or written[0][0] == 0:
                 if self._exists(conn, session_id):
                     self._seals.forget(session_id)  # moved on, or deleted and created again (a new seal id)
@@ -410,7 +412,7 @@ class SyncStore:
             loaded = self._rows_now(conn, session_id)
             if loaded is None or loaded[0] != new_seal:
                 return Outcome.ABSENT
-            if not self._same_rows(store_id, session_id, new_seal, loaded[1], rows):
+            if not self.same_rows(store_id, session_id, new_seal, loaded[1], rows):
                 return Outcome.ABSENT
             self._seals.put(session_id, new_seal)
             return Outcome.STORED
@@ -426,13 +428,13 @@ class SyncStore:
         return int(number)
 
     def _exists(self, conn: Conn, session_id: str) -> bool:
-        (rows,) = self._transaction(conn, _SNAPSHOT, [(self._sql.revision, {"id": session_id})])
+        (rows,) = self.transaction(conn, SNAPSHOT, [(self._sql.revision, {"id": session_id})])
         return bool(rows)
 
     def _rows_now(self, conn: Conn, session_id: str) -> tuple[str | None, list[StoredRow]] | None:
         """The session's seal id and rows now, ``None`` if it is not stored."""
         params = {"id": session_id, "from": 0}
-        head, rows = self._transaction(conn, _SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
+        head, rows = self.transaction(conn, SNAPSHOT, [(self._sql.head, params), (self._sql.events_from, params)])
         return None if not head else (head[0][4], rows)
 
     def delete(self, session_id: str, expected_revision: str | None, *, after_unknown: bool = False) -> None:
@@ -444,7 +446,7 @@ class SyncStore:
         self._seals.forget(session_id)
 
         def attempt(conn: Conn) -> None:
-            (rows,) = self._transaction(conn, "BEGIN", [(self._sql.delete, params)])
+            (rows,) = self.transaction(conn, "BEGIN", [(self._sql.delete, params)])
             if not rows:
                 if self._exists(conn, session_id):
                     raise SessionChangedError(session_id)
@@ -463,7 +465,7 @@ class SyncStore:
         statement, params = list_page_query(
             self._tables, query.order, after, query.cwd, query.parent, query.since, query.limit
         )
-        (rows,) = self._retry.read("list page", lambda conn: self._transaction(conn, _SNAPSHOT, [(statement, params)]))
+        (rows,) = self._retry.read("list page", lambda conn: self.transaction(conn, SNAPSHOT, [(statement, params)]))
         page = []
         for sid, text, rev, updated_at in rows:
             try:
