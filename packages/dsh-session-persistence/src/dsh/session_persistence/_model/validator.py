@@ -6,7 +6,8 @@ output always satisfies it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from msgspec import UNSET, UnsetType
 
@@ -15,6 +16,7 @@ from .errors import TurnInvariantError
 from .events import (
     AssistantChunk,
     AssistantMessage,
+    EndSeed,
     InterruptedReason,
     OpaqueEvent,
     RequestContext,
@@ -31,6 +33,7 @@ from .events import (
     TurnContinue,
     TurnEnd,
     TurnStart,
+    UserMessage,
 )
 
 __all__ = ["TurnValidator", "validate_turns"]
@@ -74,65 +77,101 @@ class TurnValidator:
         seq = event.seq
         if seq <= self._last_seq:
             self._fail("seq-order", seq, f"event seq {seq} is not greater than the previous seq {self._last_seq}")
+        kind = type(event)
         if type(event) is AssistantChunk:  # most events of a streamed log: skip the isinstance chain
             chunk_data = event.data
             self._require_step(seq, "assistant/chunk", chunk_data.turn, chunk_data.step)
-        elif isinstance(event, TurnStart):
-            turn = event.data.turn
-            if self._open_turn is not None:
-                self._fail("turn-open", seq, f"turn/start {turn} while turn {self._open_turn} is still open")
-            if turn != self._next_turn:
-                self._fail("turn-number", seq, f"turn/start expected turn {self._next_turn}, got {turn}")
-            self._open_turn = turn
-            self._next_step = 1
-            self._pending.clear()
+        else:
+            # The rule of an exact event type straight from a table (a log's events are the build's own final
+            # types); any other type (a subclass) walks the isinstance chain, which reaches the same rules.
+            rule = _RULES.get(kind)
+            if rule is None:
+                self._check_by_chain(event)
+            elif rule is not _no_rule:
+                rule(self, event)
+        self._last_seq = seq
+        self._fresh_turn = kind is TurnStart
+
+    def _check_by_chain(self, event: SessionEvent) -> None:
+        if isinstance(event, TurnStart):
+            self._turn_start(event)
         elif isinstance(event, TurnEnd):
-            turn = event.data.turn
-            if turn != self._open_turn:
-                self._fail("turn-end", seq, f"turn/end {turn} does not match open turn {self._open_turn}")
-            if self._open_step is not None:
-                self._fail("turn-end-step", seq, f"turn/end {turn} while step {self._open_step} is still open")
-            self._open_turn = None
-            self._next_turn += 1
-            self._pending.clear()
-            self._last_interrupted = type(event.data.reason) is InterruptedReason
+            self._turn_end(event)
         elif isinstance(event, StepStart):
-            step_data = event.data
-            self._require_turn(seq, "step/start", step_data.turn)
-            if self._open_step is not None:
-                self._fail("step-open", seq, f"step/start {step_data.step} while step {self._open_step} is still open")
-            if step_data.step != self._next_step:
-                self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {step_data.step}")
-            self._open_step = step_data.step
+            self._step_start(event)
         elif isinstance(event, StepEnd):
-            self._require_step(seq, "step/end", event.data.turn, event.data.step)
-            self._open_step = None
-            self._next_step += 1
-            self._pending.clear()
+            self._step_end(event)
         elif isinstance(event, (AssistantChunk, AssistantMessage)):
-            self._require_step(seq, event.type, event.data.turn, event.data.step)
+            self._in_step(event)
         elif isinstance(event, ToolCall):
-            self._require_step(seq, "tool/call", event.data.turn, event.data.step)
-            self._pending.add(event.data.call_id)
+            self._tool_call(event)
         elif isinstance(event, ToolResult):
-            result = event.data
-            self._require_step(seq, "tool/result", result.turn, result.step)
-            call_id = getattr(result.message.source, "call_id", None)
-            synthetic_not_started = getattr(result.error, "code", None) == TOOL_NOT_STARTED
-            if call_id in self._pending:
-                self._pending.discard(call_id)
-            elif not synthetic_not_started:
-                self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
-            if isinstance(call_id, str) and getattr(result.error, "code", None) == TOOL_OUTCOME_UNKNOWN:
-                self._unknown[call_id] = seq
+            self._tool_result(event)
         elif isinstance(event, TurnContinue):
             self._check_continue(event)
         elif isinstance(event, ToolReconcile):
             self._check_reconcile(event)
-        elif isinstance(event, _IN_TURN) and self._open_turn is None:
-            self._fail("outside-turn", seq, f"{event.type} outside an open turn")
-        self._last_seq = seq
-        self._fresh_turn = type(event) is TurnStart
+        elif isinstance(event, _IN_TURN):
+            self._in_turn(event)
+
+    def _turn_start(self, event: TurnStart) -> None:
+        seq, turn = event.seq, event.data.turn
+        if self._open_turn is not None:
+            self._fail("turn-open", seq, f"turn/start {turn} while turn {self._open_turn} is still open")
+        if turn != self._next_turn:
+            self._fail("turn-number", seq, f"turn/start expected turn {self._next_turn}, got {turn}")
+        self._open_turn = turn
+        self._next_step = 1
+        self._pending.clear()
+
+    def _turn_end(self, event: TurnEnd) -> None:
+        seq, turn = event.seq, event.data.turn
+        if turn != self._open_turn:
+            self._fail("turn-end", seq, f"turn/end {turn} does not match open turn {self._open_turn}")
+        if self._open_step is not None:
+            self._fail("turn-end-step", seq, f"turn/end {turn} while step {self._open_step} is still open")
+        self._open_turn = None
+        self._next_turn += 1
+        self._pending.clear()
+        self._last_interrupted = type(event.data.reason) is InterruptedReason
+
+    def _step_start(self, event: StepStart) -> None:
+        seq, step_data = event.seq, event.data
+        self._require_turn(seq, "step/start", step_data.turn)
+        if self._open_step is not None:
+            self._fail("step-open", seq, f"step/start {step_data.step} while step {self._open_step} is still open")
+        if step_data.step != self._next_step:
+            self._fail("step-number", seq, f"step/start expected step {self._next_step}, got {step_data.step}")
+        self._open_step = step_data.step
+
+    def _step_end(self, event: StepEnd) -> None:
+        self._require_step(event.seq, "step/end", event.data.turn, event.data.step)
+        self._open_step = None
+        self._next_step += 1
+        self._pending.clear()
+
+    def _in_step(self, event: AssistantChunk | AssistantMessage) -> None:
+        self._require_step(event.seq, event.type, event.data.turn, event.data.step)
+
+    def _tool_call(self, event: ToolCall) -> None:
+        self._require_step(event.seq, "tool/call", event.data.turn, event.data.step)
+        self._pending.add(event.data.call_id)
+
+    def _tool_result(self, event: ToolResult) -> None:
+        seq, result = event.seq, event.data
+        self._require_step(seq, "tool/result", result.turn, result.step)
+        call_id = getattr(result.message.source, "call_id", None)
+        synthetic_not_started = getattr(result.error, "code", None) == TOOL_NOT_STARTED
+        if call_id in self._pending:
+            self._pending.discard(call_id)
+        elif not synthetic_not_started:
+            self._fail("result-without-call", seq, f'tool/result for "{call_id}" has no pending tool/call')
+        if isinstance(call_id, str) and getattr(result.error, "code", None) == TOOL_OUTCOME_UNKNOWN:
+            self._unknown[call_id] = seq
+
+    def _in_turn(self, event: RequestHeader | RequestContext | TodoWrite) -> None:
+        if self._open_turn is None:
+            self._fail("outside-turn", event.seq, f"{event.type} outside an open turn")
 
     def _check_continue(self, event: TurnContinue) -> None:
         seq, data = event.seq, event.data
@@ -254,6 +293,30 @@ class TurnValidator:
     @staticmethod
     def _fail(rule: str, seq: int, message: str) -> None:
         raise TurnInvariantError(f"{message} (seq {seq}, rule {rule})", rule, seq)
+
+
+def _no_rule(validator: TurnValidator, event: SessionEvent) -> None:
+    """The rule of a type the turn rules say nothing about beyond its seq (a user message, say)."""
+
+
+#: The rule of each exact event type (see :meth:`TurnValidator.check`); a type missing here takes the chain.
+_RULES: dict[type, Callable[[TurnValidator, Any], None]] = {
+    TurnStart: TurnValidator._turn_start,
+    TurnEnd: TurnValidator._turn_end,
+    StepStart: TurnValidator._step_start,
+    StepEnd: TurnValidator._step_end,
+    AssistantMessage: TurnValidator._in_step,
+    ToolCall: TurnValidator._tool_call,
+    ToolResult: TurnValidator._tool_result,
+    TurnContinue: TurnValidator._check_continue,
+    ToolReconcile: TurnValidator._check_reconcile,
+    RequestHeader: TurnValidator._in_turn,
+    RequestContext: TurnValidator._in_turn,
+    TodoWrite: TurnValidator._in_turn,
+    UserMessage: _no_rule,
+    EndSeed: _no_rule,
+    OpaqueEvent: _no_rule,
+}
 
 
 def validate_turns(events: Iterable[SessionEvent]) -> TurnValidator:
