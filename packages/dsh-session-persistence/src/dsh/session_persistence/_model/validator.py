@@ -272,8 +272,21 @@ class TurnValidator:
                     and data.turn == open_turn
                 ):
                     continue
-            elif type(event) is OpaqueEvent:
-                return False
+            else:
+                # What check() does for a known exact type once its seq passed (the seqs are contiguous): its
+                # rule from the table, without a second call. Opaque events decline; other types go through check().
+                kind = type(event)
+                rule = _RULES.get(kind)
+                if kind is OpaqueEvent:
+                    return False
+                if rule is not None:
+                    if rule is not _no_rule:
+                        rule(self, event)
+                    self._last_seq = seq
+                    self._fresh_turn = kind is TurnStart
+                    open_step = self._open_step
+                    open_turn = self._open_turn
+                    continue
             self._last_seq = seq - 1
             check(event)
             open_step = self._open_step
@@ -286,6 +299,8 @@ class TurnValidator:
             self._fail("turn-mismatch", seq, f"{what} names turn {turn} but the open turn is {self._open_turn}")
 
     def _require_step(self, seq: int, what: str, turn: int, step: int) -> None:
+        if turn == self._open_turn and step == self._open_step and turn is not None and step is not None:
+            return  # the passing case in one test (an event's turn and step are never None)
         self._require_turn(seq, what, turn)
         if self._open_step is None or step != self._open_step:
             self._fail("step-mismatch", seq, f"{what} names step {step} but the open step is {self._open_step}")
