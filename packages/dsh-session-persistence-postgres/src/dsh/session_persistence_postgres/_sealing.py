@@ -24,7 +24,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +35,8 @@ from ._core import (
     SessionPersistenceCorruptionError,
     check_key,
     check_key_id,
-    open_sealed,
     seal,
+    sealed_opener,
 )
 
 __all__ = ["Row", "RowSealer", "SealCache", "SealedRows", "StoredRow", "new_seal_id"]
@@ -160,7 +160,7 @@ class RowSealer:
                     )
             return [bytes(row[2]) for row in rows]
         shared = _session_part(store_id, session_id, seal_id)
-        keys: dict[str, bytes] = {}
+        openers: dict[str, Callable[[bytes, bytes, bytes], bytes | None]] = {}
         out: list[bytes] = []
         for seq, compressed, body, key_id, nonce in rows:
             if key_id is None or nonce is None:
@@ -168,10 +168,10 @@ class RowSealer:
                     f'session "{session_id}": the event at seq {seq} is not sealed, but the session is: it was altered '
                     "or planted"
                 )
-            key = keys.get(key_id)
-            if key is None:
-                key = keys[key_id] = self._key(session_id, str(key_id), f"the event at seq {seq}")
-            opened = open_sealed(key, bytes(nonce), bytes(body), shared + _row_part(int(seq), bool(compressed)))
+            opener = openers.get(key_id)
+            if opener is None:
+                opener = openers[key_id] = sealed_opener(self._key(session_id, str(key_id), f"the event at seq {seq}"))
+            opened = opener(bytes(nonce), bytes(body), shared + _row_part(int(seq), bool(compressed)))
             if opened is None:
                 raise SessionDecryptError(
                     f'session "{session_id}": the event at seq {seq} fails authentication under key "{key_id}": the '

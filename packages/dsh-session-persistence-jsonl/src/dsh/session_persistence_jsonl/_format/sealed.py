@@ -26,12 +26,13 @@ import hashlib
 import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from dsh.session_persistence.backend import SESSION_FORMAT_VERSION, SessionPersistenceCorruptionError
-from dsh.session_persistence.encryption import check_cipher_available, check_key, check_key_id, open_sealed
+from dsh.session_persistence.encryption import check_cipher_available, check_key, check_key_id, sealed_opener
 from dsh.session_persistence.encryption import seal as seal_bytes
 
 from ..encryption import KeyProvider, SessionDecryptError, SessionKeyError
@@ -154,7 +155,9 @@ class BatchSeal:
     compression: Compression
     path: str
     log_part: bytes = field(init=False, repr=False, compare=False)
-    _keys_seen: dict[str, bytes] = field(init=False, repr=False, compare=False, default_factory=dict)
+    _openers: dict[str, Callable[[bytes, bytes, bytes], bytes | None]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_part", _log_part(self.header, self.compression))
@@ -177,13 +180,15 @@ class BatchSeal:
             raise SessionKeyError(f'{where} is sealed with key "{key_id}", which the key provider does not hold')
         return check_key(key_id, key)
 
-    def opening_key(self, key_id: str, offset: int, first_seq: int, count: int) -> bytes:
-        """:meth:`key` for a batch's stated key id, checked and fetched once per id for this log."""
-        key = self._keys_seen.get(key_id)
-        if key is None:
-            key = self.key(check_key_id(key_id), self.where(offset, first_seq, count))
-            self._keys_seen[key_id] = key
-        return key
+    def opener(
+        self, key_id: str, offset: int, first_seq: int, count: int
+    ) -> Callable[[bytes, bytes, bytes], bytes | None]:
+        """The seal opener of :meth:`key` for a batch's stated key id, fetched and checked once per id for this log."""
+        opener = self._openers.get(key_id)
+        if opener is None:
+            opener = sealed_opener(self.key(check_key_id(key_id), self.where(offset, first_seq, count)))
+            self._openers[key_id] = opener
+        return opener
 
 
 def seal_batch(seal: BatchSeal, first_seq: int, count: int, inner: bytes) -> bytes:
@@ -244,8 +249,7 @@ def open_batch(seal: BatchSeal, data: bytes | memoryview, first_seq: int, count:
     raw = bytes(data)
     parse = _parse_zstd if seal.compression == "zstd" else _parse_line
     key_id, nonce, sealed = parse(raw, offset, first_seq, count, seal)
-    key = seal.opening_key(key_id, offset, first_seq, count)
-    opened = open_sealed(key, nonce, sealed, seal.associated_data(first_seq, count))
+    opened = seal.opener(key_id, offset, first_seq, count)(nonce, sealed, seal.associated_data(first_seq, count))
     if opened is None:
         raise SessionDecryptError(
             f"{seal.where(offset, first_seq, count)} fails authentication under key "
