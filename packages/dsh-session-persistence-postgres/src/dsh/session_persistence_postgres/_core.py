@@ -45,6 +45,7 @@ from dsh.session_persistence.encryption import (
     check_key_id,
     open_sealed,
     seal,
+    sealed_opener,
 )
 
 __all__ = [
@@ -83,4 +84,5 @@ __all__ = [
     "hookimpl",
     "open_sealed",
     "seal",
+    "sealed_opener",
 ]

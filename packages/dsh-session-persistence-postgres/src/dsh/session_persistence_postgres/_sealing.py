@@ -24,7 +24,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +35,8 @@ from ._core import (
     SessionPersistenceCorruptionError,
     check_key,
     check_key_id,
-    open_sealed,
     seal,
+    sealed_opener,
 )
 from ._errors import SealedStoreError
 from ._limits import SEALED_SCHEMA_VERSION
@@ -66,14 +66,20 @@ def _field(text: str) -> bytes:
 
 def associated_data(store_id: str, session_id: str, seal_id: str, seq: int, compressed: bool) -> bytes:
     """What one row's seal is bound to: store, session, incarnation, seq and compression flag."""
-    return (
-        _AD_TAG
-        + _field(store_id)
-        + _field(session_id)
-        + _field(seal_id)
-        + struct.pack("<Q", seq)
-        + (b"z" if compressed else b"n")
-    )
+    return _session_part(store_id, session_id, seal_id) + _row_part(seq, compressed)
+
+
+def _session_part(store_id: str, session_id: str, seal_id: str) -> bytes:
+    """The part of :func:`associated_data` every row of one session incarnation shares (built once per batch)."""
+    return _AD_TAG + _field(store_id) + _field(session_id) + _field(seal_id)
+
+
+_SEQ = struct.Struct("<Q")
+
+
+def _row_part(seq: int, compressed: bool) -> bytes:
+    """The part of :func:`associated_data` that is the row's own: its seq and compression flag."""
+    return _SEQ.pack(seq) + (b"z" if compressed else b"n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,36 +147,50 @@ class RowSealer:
         key = check_key(key_id, current)
         bodies: list[bytes] = []
         nonces: list[bytes | None] = []
+        shared = _session_part(store_id, session_id, seal_id)
         for seq, compressed, body in rows:
-            nonce, sealed = seal(key, body, associated_data(store_id, session_id, seal_id, seq, compressed))
+            nonce, sealed = seal(key, body, shared + _row_part(seq, compressed))
             bodies.append(sealed)
             nonces.append(nonce)
         return SealedRows(seqs, flags, bodies, [key_id] * len(rows), nonces)
 
     def open_row(self, store_id: str, session_id: str, seal_id: str | None, row: StoredRow) -> bytes:
         """The plaintext body of one stored row; typed errors for a missing key, a failed or missing seal."""
-        seq, compressed, body, key_id, nonce = row
-        where = f"the event at seq {seq}"
+        return self.open_rows(store_id, session_id, seal_id, (row,))[0]
+
+    def open_rows(self, store_id: str, session_id: str, seal_id: str | None, rows: Sequence[StoredRow]) -> list[bytes]:
+        """The plaintext bodies of one session's stored rows, in order (:meth:`open_row` of each, same errors).
+
+        What the rows share is done once: the session part of the associated data, and each key id's key (fetched
+        and checked on its first row); a row costs its own open. The text naming a row is built only for an error.
+        """
         if seal_id is None:
-            if key_id is not None or nonce is not None:
-                raise SessionPersistenceCorruptionError(
-                    f'corrupt session log "{session_id}": {where} is sealed, but the session is not'
+            for seq, _compressed, _body, key_id, nonce in rows:
+                if key_id is not None or nonce is not None:
+                    raise SessionPersistenceCorruptionError(
+                        f'corrupt session log "{session_id}": the event at seq {seq} is sealed, but the session is not'
+                    )
+            return [bytes(row[2]) for row in rows]
+        shared = _session_part(store_id, session_id, seal_id)
+        openers: dict[str, Callable[[bytes, bytes, bytes], bytes | None]] = {}
+        out: list[bytes] = []
+        for seq, compressed, body, key_id, nonce in rows:
+            if key_id is None or nonce is None:
+                raise SessionDecryptError(
+                    f'session "{session_id}": the event at seq {seq} is not sealed, but the session is: it was altered '
+                    "or planted"
                 )
-            return bytes(body)
-        if key_id is None or nonce is None:
-            raise SessionDecryptError(
-                f'session "{session_id}": {where} is not sealed, but the session is: it was altered or planted'
-            )
-        key = self._key(session_id, str(key_id), where)
-        opened = open_sealed(
-            key, bytes(nonce), bytes(body), associated_data(store_id, session_id, seal_id, int(seq), bool(compressed))
-        )
-        if opened is None:
-            raise SessionDecryptError(
-                f'session "{session_id}": {where} fails authentication under key "{key_id}": the key is wrong, '
-                "or the row was altered or moved"
-            )
-        return opened
+            opener = openers.get(key_id)
+            if opener is None:
+                opener = openers[key_id] = sealed_opener(self._key(session_id, str(key_id), f"the event at seq {seq}"))
+            opened = opener(bytes(nonce), bytes(body), shared + _row_part(int(seq), bool(compressed)))
+            if opened is None:
+                raise SessionDecryptError(
+                    f'session "{session_id}": the event at seq {seq} fails authentication under key "{key_id}": the '
+                    "key is wrong, or the row was altered or moved"
+                )
+            out.append(opened)
+        return out
 
 
 class SealCache:

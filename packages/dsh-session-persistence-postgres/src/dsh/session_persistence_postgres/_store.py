@@ -221,7 +221,7 @@ class SyncStore:
                 f'corrupt session log "{session_id}": seq gap in committed rows ({gap})'
             )
         self._seals.put(session_id, seal_id)
-        bodies = [self._sealer.open_row(store_id, session_id, seal_id, row) for row in rows]  # typed key errors
+        bodies = self._sealer.open_rows(store_id, session_id, seal_id, rows)  # typed key errors
         try:
             events = [self._codec.decode(row[1], body) for row, body in zip(rows, bodies, strict=True)]
         except (ValueError, msgspec.MsgspecError, zstandard.ZstdError) as exc:

@@ -49,6 +49,7 @@ __all__ = [
     "open_sealed",
     "parse_keys",
     "seal",
+    "sealed_opener",
 ]
 
 #: Every key is exactly this many bytes (AES-256).
@@ -241,12 +242,24 @@ def seal(key: bytes, plaintext: bytes, associated_data: bytes) -> tuple[bytes, b
 
 def open_sealed(key: bytes, nonce: bytes, sealed: bytes, associated_data: bytes) -> bytes | None:
     """The plaintext of one seal, or ``None`` if it fails authentication (wrong key, altered or moved bytes)."""
+    return sealed_opener(key)(nonce, sealed, associated_data)
+
+
+def sealed_opener(key: bytes) -> Callable[[bytes, bytes, bytes], bytes | None]:
+    """:func:`open_sealed` with ``key`` bound: ``opener(nonce, sealed, associated_data)``, the same answer.
+
+    For a reader that opens many seals under one key (a log's batches, a session's rows): the key is checked and
+    its cipher looked up once, not per seal.
+    """
     aead = _aesgcm(check_key("given", key))
     from cryptography.exceptions import InvalidTag  # present: _aesgcm imported the package
 
-    if len(nonce) != NONCE_BYTES or len(sealed) < TAG_BYTES:
-        return None
-    try:
-        return bytes(aead.decrypt(nonce, sealed, associated_data))
-    except InvalidTag:
-        return None
+    def opener(nonce: bytes, sealed: bytes, associated_data: bytes) -> bytes | None:
+        if len(nonce) != NONCE_BYTES or len(sealed) < TAG_BYTES:
+            return None
+        try:
+            return bytes(aead.decrypt(nonce, sealed, associated_data))
+        except InvalidTag:
+            return None
+
+    return opener

@@ -26,12 +26,13 @@ import hashlib
 import os
 import re
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from dsh.session_persistence.backend import SESSION_FORMAT_VERSION, SessionPersistenceCorruptionError
-from dsh.session_persistence.encryption import check_cipher_available, check_key, check_key_id, open_sealed
+from dsh.session_persistence.encryption import check_cipher_available, check_key, check_key_id, sealed_opener
 from dsh.session_persistence.encryption import seal as seal_bytes
 
 from ..encryption import KeyProvider, SessionDecryptError, SessionKeyError
@@ -130,22 +131,40 @@ def seal_header_line(line: bytes) -> tuple[bytes, HeaderSeal]:
 
 def associated_data(seal: HeaderSeal, compression: Compression, first_seq: int, count: int) -> bytes:
     """The AEAD associated data of one batch: header digest, compression, declared first seq and count."""
-    return (
-        b"dsh.sealed.v1\n"
-        + seal.digest
-        + (b"z" if compression == "zstd" else b"n")
-        + struct.pack("<QI", first_seq, count)
-    )
+    return _log_part(seal, compression) + _batch_part(first_seq, count)
+
+
+def _log_part(seal: HeaderSeal, compression: Compression) -> bytes:
+    """What the associated data of every batch of one log shares (computed once per log by :class:`BatchSeal`)."""
+    return b"dsh.sealed.v1\n" + seal.digest + (b"z" if compression == "zstd" else b"n")
+
+
+_batch_part = struct.Struct("<QI").pack  # the declared first seq and count
 
 
 @dataclass(frozen=True, slots=True)
 class BatchSeal:
-    """A sealed log's header seal with the keys to use on it (``keys`` ``None``: a backend without keys)."""
+    """A sealed log's header seal with the keys to use on it (``keys`` ``None``: a backend without keys).
+
+    Made once per walk or writer: it keeps what every batch of the log shares (the associated data's log part,
+    the keys already fetched and checked, by id), so a batch costs its own open and nothing per log.
+    """
 
     header: HeaderSeal
     keys: KeyProvider | None
     compression: Compression
     path: str
+    log_part: bytes = field(init=False, repr=False, compare=False)
+    _openers: dict[str, Callable[[bytes, bytes, bytes], bytes | None]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "log_part", _log_part(self.header, self.compression))
+
+    def associated_data(self, first_seq: int, count: int) -> bytes:
+        """:func:`associated_data` of a batch of this log (its shared part computed once)."""
+        return self.log_part + _batch_part(first_seq, count)
 
     def where(self, offset: int, first_seq: int, count: int) -> str:
         return (
@@ -161,6 +180,16 @@ class BatchSeal:
             raise SessionKeyError(f'{where} is sealed with key "{key_id}", which the key provider does not hold')
         return check_key(key_id, key)
 
+    def opener(
+        self, key_id: str, offset: int, first_seq: int, count: int
+    ) -> Callable[[bytes, bytes, bytes], bytes | None]:
+        """The seal opener of :meth:`key` for a batch's stated key id, fetched and checked once per id for this log."""
+        opener = self._openers.get(key_id)
+        if opener is None:
+            opener = sealed_opener(self.key(check_key_id(key_id), self.where(offset, first_seq, count)))
+            self._openers[key_id] = opener
+        return opener
+
 
 def seal_batch(seal: BatchSeal, first_seq: int, count: int, inner: bytes) -> bytes:
     """The sealed data of one batch (``inner``: the zstd frame or the JSONL lines v1 would have stored)."""
@@ -171,7 +200,7 @@ def seal_batch(seal: BatchSeal, first_seq: int, count: int, inner: bytes) -> byt
     key_id = check_key_id(seal.keys.current_key_id())
     key = seal.key(key_id, f'session "{seal.header.session_id}": the current key')
     # a random nonce per batch (the shared seal's): see docs/operations.md for why not a counter
-    nonce, sealed = seal_bytes(key, inner, associated_data(seal.header, seal.compression, first_seq, count))
+    nonce, sealed = seal_bytes(key, inner, seal.associated_data(first_seq, count))
     if seal.compression == "zstd":
         payload = bytes((_AEAD_CODE, len(key_id))) + key_id.encode("ascii") + nonce + sealed + _END
         return SEAL_FRAME_MAGIC + struct.pack("<I", len(payload)) + payload
@@ -183,21 +212,25 @@ def seal_batch(seal: BatchSeal, first_seq: int, count: int, inner: bytes) -> byt
     )
 
 
-def _parse_zstd(data: bytes, where: str, path: str) -> tuple[str, bytes, bytes]:
-    bad = corrupt(f"corrupt Zstandard session log: {where} is not a well-formed seal", path)
+def _parse_zstd(data: bytes, offset: int, first_seq: int, count: int, seal: BatchSeal) -> tuple[str, bytes, bytes]:
+    def bad() -> SessionPersistenceCorruptionError:  # its text names the batch: built only when it is raised
+        where = seal.where(offset, first_seq, count)
+        return corrupt(f"corrupt Zstandard session log: {where} is not a well-formed seal", seal.path)
+
     if len(data) < 10 or data[:4] != SEAL_FRAME_MAGIC or data[-1:] != _END:
-        raise bad
+        raise bad()
     (size,) = struct.unpack_from("<I", data, 4)
     if size != len(data) - 8 or data[8] != _AEAD_CODE:
-        raise bad
+        raise bad()
     id_end = 10 + data[9]
     if len(data) < id_end + NONCE_BYTES + TAG_BYTES + 1:
-        raise bad
+        raise bad()
     key_id = data[10:id_end].decode("ascii", "replace")
     return key_id, data[id_end : id_end + NONCE_BYTES], data[id_end + NONCE_BYTES : -1]
 
 
-def _parse_line(data: bytes, where: str, path: str) -> tuple[str, bytes, bytes]:
+def _parse_line(data: bytes, offset: int, first_seq: int, count: int, seal: BatchSeal) -> tuple[str, bytes, bytes]:
+    where, path = seal.where(offset, first_seq, count), seal.path
     match = _LINE.fullmatch(data)
     if match is None:
         raise corrupt(f"corrupt session log: {where} is not a well-formed seal line", path)
@@ -213,14 +246,13 @@ def _parse_line(data: bytes, where: str, path: str) -> tuple[str, bytes, bytes]:
 
 def open_batch(seal: BatchSeal, data: bytes | memoryview, first_seq: int, count: int, offset: int) -> bytes:
     """The inner bytes of one verified-CRC sealed batch; typed errors for a missing key or failed authentication."""
-    where = seal.where(offset, first_seq, count)
     raw = bytes(data)
     parse = _parse_zstd if seal.compression == "zstd" else _parse_line
-    key_id, nonce, sealed = parse(raw, where, seal.path)
-    key = seal.key(check_key_id(key_id), where)
-    opened = open_sealed(key, nonce, sealed, associated_data(seal.header, seal.compression, first_seq, count))
+    key_id, nonce, sealed = parse(raw, offset, first_seq, count, seal)
+    opened = seal.opener(key_id, offset, first_seq, count)(nonce, sealed, seal.associated_data(first_seq, count))
     if opened is None:
         raise SessionDecryptError(
-            f'{where} fails authentication under key "{key_id}": the key is wrong, or the batch was altered or moved'
+            f"{seal.where(offset, first_seq, count)} fails authentication under key "
+            f'"{key_id}": the key is wrong, or the batch was altered or moved'
         )
     return opened
