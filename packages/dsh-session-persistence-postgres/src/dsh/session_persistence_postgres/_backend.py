@@ -46,7 +46,7 @@ from ._core import (
 from ._errors import PostgresConfigurationError
 from ._sealing import RowSealer  # no psycopg in it
 from ._settings import Settings
-from ._wake import Waiter
+from ._wake import DoneWaiter, Waiter
 
 # psycopg (about 0.4 s of CPU to import) and the modules built on it load when the first backend is built, not
 # with this module: every dsh-sessions process imports the class through the plugin entry point, and most of them
@@ -56,7 +56,12 @@ if TYPE_CHECKING:
 
     from ._lease import AdvisoryLease, NoLease
 
-__all__ = ["PostgresBackend"]
+__all__ = ["NotSubmittedError", "PostgresBackend"]
+
+
+class NotSubmittedError(RuntimeError):
+    """``submit_append_batch`` started nothing: the caller appends with ``append_batch`` instead."""
+
 
 T = TypeVar("T")
 
@@ -258,15 +263,41 @@ class PostgresBackend:
         if link is None:  # a write of the session is in flight or in doubt: after it, on its own
             await self._write(session_id, self._store.append, storage, rows, first, False)
             return
-        job = self._job(storage, first, rows, link, Waiter())
+        waiter = Waiter()
+        job = self._job(storage, first, rows, link, waiter)
         self._committer.submit(job)
         try:
-            await job.waiter.wait()
+            await waiter.wait()
         except BaseException:
             self._chains.abandon(session_id, link)  # the write goes on; the session's next write reads back
             raise
         if job.error is not None:
             raise job.error
+
+    def submit_append_batch(
+        self,
+        storage: StorageMetadata,
+        events: Sequence[SessionEvent],
+        is_materialized: bool,
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        """:meth:`append_batch` without an await (the core's ``SupportsSubmitAppend``): a later batch joins the
+        committer's next group, and ``done(error)`` is called on the committer thread once the group has settled
+        (read back if its reply was lost). A first batch, or a session with a write in flight or in doubt, is
+        refused before anything starts (:class:`NotSubmittedError`): the coordinator then awaits
+        :meth:`append_batch`, which handles it. ``done`` is never called for a refused submit."""
+        session_id = storage.meta.id
+        if not is_materialized or not events:
+            raise NotSubmittedError(f'session "{session_id}": a first or empty batch is appended with append_batch')
+        first = events[0].seq
+        check_contiguous(session_id, first, events)
+        rows = [self._codec.encode(e) for e in events]
+        link = self._chains.enter(session_id)
+        if link is None:
+            raise NotSubmittedError(f'session "{session_id}" has a write in flight or in doubt')
+        waiter = DoneWaiter(done)
+        job = waiter.job = self._job(storage, first, rows, link, waiter)
+        self._committer.submit(job)
 
     async def commit_repair(
         self, storage: StorageMetadata, torn_marker: object | None, closers: Sequence[SessionEvent]

@@ -40,7 +40,7 @@ from ._core import (
 from ._retry import FIRST_DELAY, MAX_DELAY, in_doubt_error, unreachable_error
 from ._sealing import Row, SealedRows, StoredRow
 from ._store import SNAPSHOT, SyncStore, cas_refused
-from ._wake import Waiter
+from ._wake import DoneWaiter, Waiter
 
 if TYPE_CHECKING:
     from ._abandon import _Link
@@ -56,7 +56,9 @@ class GroupJob:
 
     __slots__ = ("error", "first", "link", "rows", "seal_id", "sealed", "storage", "waiter")
 
-    def __init__(self, storage: StorageMetadata, first: int, rows: Sequence[Row], link: _Link, waiter: Waiter) -> None:
+    def __init__(
+        self, storage: StorageMetadata, first: int, rows: Sequence[Row], link: _Link, waiter: Waiter | DoneWaiter
+    ) -> None:
         self.storage = storage
         self.first = first
         self.rows = rows

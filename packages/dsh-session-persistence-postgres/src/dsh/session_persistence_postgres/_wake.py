@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Waiter"]
+__all__ = ["DoneWaiter", "Waiter"]
 
 
 class Waiter:
@@ -51,3 +51,28 @@ class Waiter:
             await self._future
         else:
             await self._event.wait()
+
+
+#: The one "loop" every :class:`DoneWaiter` belongs to: the committer thread itself.
+_COMMITTER = object()
+
+
+class DoneWaiter:
+    """A submitted job's completion (the core's ``SupportsSubmitAppend``): ``done(error)`` is called on the committer
+    thread once the group has settled, with the job's outcome (``None``: stored). No loop is involved: the caller's
+    completion port brings it to the caller's loop."""
+
+    __slots__ = ("done", "job")
+
+    key = _COMMITTER
+
+    def __init__(self, done: Callable[[BaseException | None], None]) -> None:
+        self.done = done
+        self.job: Any = None  # the GroupJob, set right after it is made
+
+    @staticmethod
+    def post(callback: Callable[[], None]) -> None:
+        callback()  # already on the committer thread, where done() may be called
+
+    def wake(self) -> None:
+        self.done(self.job.error)
