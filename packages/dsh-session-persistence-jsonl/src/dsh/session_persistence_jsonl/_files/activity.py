@@ -45,6 +45,7 @@ from .activity_journal import INDEX_NAME, JOURNAL_NAME, checked, journal_header,
 __all__ = [
     "RACY_NS",
     "Entry",
+    "IndexFormatError",
     "IndexState",
     "JournalRead",
     "Snapshot",
@@ -132,7 +133,10 @@ class Snapshot:
         line = checked(self.data[self.locks : self.delta_at - 1])
         if line is None:
             raise IndexFormatError("bad index line")
-        return set(map(int, line.split())) if line else set()
+        try:
+            return set(map(int, line.split()))
+        except ValueError as exc:
+            raise IndexFormatError("bad index line") from exc
 
     def delta(self) -> list[Entry]:
         return [_parse(line) for line in self.data[self.delta_at : self.body].split(b"\n")[:-1]]
@@ -184,8 +188,11 @@ class Snapshot:
         return list(self.stream())
 
 
-class IndexFormatError(ValueError):
-    pass
+class IndexFormatError(Exception):
+    """A snapshot line in doubt (its CRC fails, or it is not an entry): the listing scans instead.
+
+    Not a ``ValueError`` on purpose: listings skip a session whose name is not one (a ``ValueError``), and a damaged
+    line met while one session is looked at (its cached activity, ``Snapshot.find``) must not skip that session."""
 
 
 def _parse(line: bytes) -> Entry:
@@ -258,7 +265,7 @@ def load(root: str, compression: str, boot: str | None) -> Snapshot | None:
         body = second + 1
         for _ in range(delta):
             body = data.index(b"\n", body) + 1
-    except (ValueError, KeyError, TypeError):
+    except (IndexFormatError, ValueError, KeyError, TypeError):
         return None
     return Snapshot(state, data, nl + 1, second + 1, body)
 

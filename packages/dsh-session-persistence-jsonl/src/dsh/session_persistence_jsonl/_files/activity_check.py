@@ -29,7 +29,7 @@ def index_state(root: str, compression: Compression) -> str:
     try:
         snap.lock_inodes()
         entries = snap.all_entries()
-    except ValueError:
+    except activity.IndexFormatError:
         return "damaged (a line fails its check): listings scan until it is rebuilt"
     if boot is None or snap.state.boot != boot:
         return f"stale (written before a reboot): listings scan until it is rebuilt ({len(entries)} sessions)"

@@ -61,7 +61,7 @@ def cached_entries(root: str, compression: Compression) -> dict[str, Entry]:
         return {}
     try:
         return {e.rel: e for e in snap.all_entries()}
-    except ValueError:
+    except activity.IndexFormatError:
         return {}
 
 
@@ -210,6 +210,8 @@ def indexed_page(
         return _page(root, compression, query, cap, checkpoint, read_header, reader, snap, journal, boot)
     except (_Stale, FileNotFoundError, NotADirectoryError, activity.IndexFormatError, ValueError):
         return None
+    finally:
+        reader.lookup = None  # the scan that follows a refused snapshot must not look into it
 
 
 def _page(
@@ -274,7 +276,7 @@ def _page(
             st, ms = reader.stat_activity(os.path.join(root, rel) + suffix, rel)
             dir_ino = os.lstat(os.path.join(root, rel)).st_ino
         except (FileNotFoundError, NotADirectoryError, ValueError):
-            continue
+            continue  # gone, or not a session's name (index damage met here is no ValueError: it scans)
         fresh[rel] = (Entry(st.st_mtime_ns, st.st_size, st.st_ino, ms, dir_ino, project, name), st)
 
     delta = snap.delta()
