@@ -8,7 +8,6 @@ and a cancel scope or more again: ``tasks == BARRIERS``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import pytest
@@ -20,17 +19,6 @@ pytestmark = pytest.mark.anyio
 
 BARRIERS = 10
 WINDOW_MS = 600_000  # longer than the test: the coordinator's one timer task sleeps through it
-
-
-def _on_trio() -> bool:
-    trio = sys.modules.get("trio")
-    if trio is None:
-        return False
-    try:
-        trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        return False
-    return True
 
 
 async def test_a_steady_state_postgres_barrier_costs_no_task_scope_or_event(
@@ -54,7 +42,7 @@ async def test_a_steady_state_postgres_barrier_costs_no_task_scope_or_event(
                 await store.flush(session)
         counts = ledger.counts()
         store.dispose(session)
-    futures = 0 if _on_trio() else BARRIERS
+    futures = 0 if ledger.library == "trio" else BARRIERS
     assert counts == {"tasks": 0, "cancel_scopes": 0, "events": 0, "futures": futures, "handoffs": BARRIERS}
     # Every acknowledged event is stored: a fresh backend reads them back.
     reader = PostgresBackend(postgres_dsn, schema=schema)

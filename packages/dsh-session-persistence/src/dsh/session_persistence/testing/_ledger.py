@@ -40,6 +40,8 @@ class CostLedger:
     events: int = 0
     futures: int = 0
     handoffs: int = 0
+    #: The async library the last :meth:`counting` block ran on (``"asyncio"`` or ``"trio"``; trio makes no futures).
+    library: str = field(default="", init=False)
     _active: bool = field(default=False, init=False, repr=False)
 
     def counts(self) -> dict[str, int]:
@@ -120,9 +122,12 @@ class CostLedger:
             except RuntimeError:
                 pass
             else:
+                self.library = "trio"
                 yield from self._on_trio(trio)
                 return
-        yield from self._on_asyncio(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self.library = "asyncio"
+        yield from self._on_asyncio(loop)
 
     def _on_trio(self, trio: Any) -> Iterator[None]:
         ledger = self
