@@ -6,13 +6,12 @@ wrong. It is a façade over parts of this wing, each written against the one cor
 with a revision check), :mod:`.live_path` (live Sessions: initialization, the write-behind window of
 :mod:`.write_behind`, the flush), :mod:`.retirement` (disposal and the quiescent teardown), :mod:`.durable`
 (every mutating primitive, shielded, under the writer lease of :mod:`.leases`, a failed write settled by reading
-back), :mod:`.lifecycle` (listing, deletion, retention, compaction), :mod:`.hooks` (the host
-plugin) and :mod:`.inputs` (caller input, checked and snapshotted).
+back), :mod:`.lifecycle` (listing, deletion, retention, compaction), :mod:`.hooks` (the host plugin) and :mod:`.inputs`.
 
 It plugs into the :class:`~dsh.session_persistence.Host` through the four session lifecycle hooks, which it
 registers when it starts (``async with PersistenceCoordinator(host, backend) as persistence:``) and unregisters
-first thing on close. Background work (write-behind timers and writes, initialization, retirement) runs in a
-task group the coordinator owns, so a caller that is cancelled abandons only its own wait.
+first thing on close. A live commit completes through :mod:`.waits`; other background work runs in a task group the
+coordinator owns, so a caller that is cancelled abandons only its own wait.
 
 The preparation cache (:mod:`.preparations`) has no calls of its own: a load right after ``inspect`` reuses the
 validated read; the seed's ``prepare`` and ``borrow_session`` are not exposed.
