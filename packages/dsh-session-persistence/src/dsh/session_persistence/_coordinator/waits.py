@@ -57,15 +57,6 @@ class Signal:
         self._error: BaseException | None = None
         self._waiters: list[Any] | None = None
 
-    def is_set(self) -> bool:
-        """Whether :meth:`set` has been called."""
-        return self._is_set
-
-    @property
-    def error(self) -> BaseException | None:
-        """What :meth:`set` was given (``None`` on success or before it)."""
-        return self._error
-
     def set(self, error: BaseException | None = None) -> None:
         """Complete the signal and wake every parked caller (a second call is ignored)."""
         if self._is_set:
