@@ -388,7 +388,7 @@ def process_group(argv: list[str], stdout: Path, stderr: Path) -> Iterator[subpr
     finally:
         if tool.returncode is None:
             if not _exited(tool.pid):
-                tool.send_signal(signal.SIGTERM)
+                os.kill(tool.pid, signal.SIGTERM)  # not send_signal: its poll() could reap the tool, freeing the id
                 deadline = time.monotonic() + STOP_GRACE_S
                 while not _exited(tool.pid) and time.monotonic() < deadline:
                     time.sleep(POLL_S)
