@@ -3,6 +3,11 @@
 Used by ``test_crash.py`` and by ``tools/crash-torture``. :func:`kill_child` follows spec/policy.md §3 (readiness by
 marker *content*, polled every 10 ms for up to 30 s; SIGKILL with no graceful step). :func:`verify` reloads the
 session in a fresh host (store + coordinator + JSONL on the same root) and reports what the kill did.
+
+No child outlives its run: :func:`kill_child` kills and reaps its child on every path, :func:`stop_children` (the
+torture tool's interrupt) kills every running one and refuses new ones, and :func:`process_group` runs the torture
+tool as a process group of its own that is stopped, crash children included, however the test leaves it (a
+failure, pytest-timeout, KeyboardInterrupt).
 ``sealed=True`` runs both sides on an encrypting backend (keys in ``DSH_CRASH_KEYS``, fixed test keys) and checks
 that what the child stored cannot be read without them.
 """
@@ -10,13 +15,16 @@ that what the child stored cannot be read without them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,10 +66,41 @@ KEYS_ENV = "DSH_CRASH_KEYS"
 CRASH_KEYS = "crash:" + base64.b64encode(b"\x5a" * 32).decode()
 POLL_S = 0.010
 READY_TIMEOUT_S = 30.0
+#: How long a stopped torture tool gets to kill and reap its crash children before its whole group is SIGKILLed.
+STOP_GRACE_S = 30.0
 
 
 class ChildError(AssertionError):
     """The child did not reach its kill point (message includes its stderr)."""
+
+
+# The children kill_child is running now (one per torture thread), so an interrupt can kill them all at once.
+_live_lock = threading.Lock()
+_live: set[subprocess.Popen[bytes]] = set()
+_stopped = False
+
+
+def stop_children() -> None:
+    """SIGKILL every child a :func:`kill_child` call is running, and make every later call refuse to start one.
+
+    For an interrupted torture run: each killed child is reaped by the thread that started it (its ``finally``),
+    which then sees it gone and raises :class:`ChildError`.
+    """
+    global _stopped
+    with _live_lock:
+        _stopped = True
+        for child in _live:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+
+
+def _start(argv: list[str], stderr: Any, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with _live_lock:  # started and registered at once: stop_children never misses one
+        if _stopped:
+            raise ChildError("the run was stopped: no new child")
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        _live.add(child)
+        return child
 
 
 def kill_child(
@@ -90,8 +129,7 @@ def kill_child(
         argv.append("--no-policy")
     stderr_path = root / "child.stderr"
     with stderr_path.open("wb") as stderr:
-        env = {**os.environ, KEYS_ENV: CRASH_KEYS}
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        child = _start(argv, stderr, {**os.environ, KEYS_ENV: CRASH_KEYS})
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -112,9 +150,11 @@ def kill_child(
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     finally:
+        with _live_lock:
+            _live.discard(child)
         if child.poll() is None:
             child.kill()
-            child.wait(timeout=30)
+        child.wait()  # reaped on every path: SIGKILL cannot be ignored, so this returns
     if child.returncode != -signal.SIGKILL:
         raise ChildError(f"child exited with {child.returncode}, expected SIGKILL\n{stderr_path.read_text()}")
     return child.returncode
@@ -322,6 +362,41 @@ def torture_once(root: Path, seed: int, *, sealed: bool = False) -> Verdict:
     return verify_sync(root, compression=compression, sealed=sealed)
 
 
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` (a child of this process) has exited, without reaping it (so its pid, which is also its
+    process group's id, cannot be reused meanwhile)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+@contextlib.contextmanager
+def process_group(argv: list[str], stdout: Path, stderr: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` (the torture tool) as the leader of a process group of its own, output to the two files, and
+    stop the whole group however the block is left (a failure, pytest-timeout, KeyboardInterrupt).
+
+    The crash children the tool starts stay in its group. Stopping: SIGTERM, on which the tool kills and reaps its
+    children (:func:`stop_children`) and exits; after at most :data:`STOP_GRACE_S` SIGKILL to the whole group, so
+    a hung tool or an orphan dies too; then the tool is reaped. The group is signalled only while the tool is
+    unreaped, so its id still names it.
+    """
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        tool = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+    try:
+        yield tool
+    finally:
+        if tool.returncode is None:
+            if not _exited(tool.pid):
+                os.kill(tool.pid, signal.SIGTERM)  # not send_signal: its poll() could reap the tool, freeing the id
+                deadline = time.monotonic() + STOP_GRACE_S
+                while not _exited(tool.pid) and time.monotonic() < deadline:
+                    time.sleep(POLL_S)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(tool.pid, signal.SIGKILL)
+            tool.wait()
+
+
 def dump(verdict: Verdict) -> str:
     return json.dumps(
         {
@@ -336,7 +411,17 @@ def dump(verdict: Verdict) -> str:
     )
 
 
-__all__ = ["ChildError", "Verdict", "dump", "kill_child", "torture_once", "verify", "verify_sync"]
+__all__ = [
+    "ChildError",
+    "Verdict",
+    "dump",
+    "kill_child",
+    "process_group",
+    "stop_children",
+    "torture_once",
+    "verify",
+    "verify_sync",
+]
 
 if os.name == "nt":  # pragma: no cover
     raise ImportError("crash tests need POSIX signals")

@@ -25,7 +25,7 @@ import pytest
 from dsh.session_persistence.backend import ListQuery, SessionEvent, StorageMetadata
 from dsh.session_persistence.testing import meta, one_turn_log
 from dsh.session_persistence_jsonl import JsonlBackend
-from dsh.session_persistence_jsonl._files import activity, activity_list, lifecycle
+from dsh.session_persistence_jsonl._files import activity, activity_list, activity_writers, lifecycle
 from dsh.session_persistence_jsonl._files.activity_journal import INDEX_NAME, JOURNAL_NAME
 from dsh.session_persistence_jsonl._files.activity_key import ActivityReader
 from dsh.session_persistence_jsonl._format.v1 import BufferSource, walk_declared
@@ -290,7 +290,7 @@ async def test_a_writer_killed_before_it_retires_its_session_leaves_it_looked_at
 
 
 async def test_a_live_writer_that_keeps_no_journal_sends_the_listing_to_a_scan(tmp_path: Path) -> None:
-    if activity.held_locks(os.stat(tmp_path).st_dev) is None:
+    if activity_writers.held_locks(os.stat(tmp_path).st_dev) is None:
         pytest.skip("the kernel's lock table is not readable here")
     backend = await build(tmp_path, 6)
     transcript = Path(backend.locate(meta("s00", CWDS[0])).path)

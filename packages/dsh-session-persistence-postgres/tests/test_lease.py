@@ -12,6 +12,8 @@ from dsh.session_persistence.backend import SessionLockedError, SupportsWriterLe
 from dsh.session_persistence.testing import ConformanceRig, meta, one_turn_log, simple_turn
 from dsh.session_persistence_postgres import PostgresBackend
 
+from ._proxy import PgProxy
+
 pytestmark = pytest.mark.anyio
 
 
@@ -75,6 +77,30 @@ async def test_the_lease_ends_with_its_holders_connection(postgres_dsn: str, sch
                     await anyio.sleep(0.02)
         await lease.release()
     finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_released_lease_is_free_when_release_returns(
+    proxy: PgProxy, proxy_dsn: str, postgres_dsn: str, schema: str
+) -> None:
+    """The next writer may take the session the moment ``release()`` returned (the conformance kit's delete right
+    after a write was refused ``SessionLockedError`` by the writer's own lease now and then).
+
+    The holder reaches the server through a proxy that delays every message by seconds: a release that only closed
+    its connection returned while the server still held the lock (its disconnect still in flight); one that
+    unlocks returns after the server answered that the lock is free.
+    """
+    a = PostgresBackend(proxy_dsn, schema=schema, writer_lease=True)
+    b = PostgresBackend(postgres_dsn, schema=schema, writer_lease=True)
+    try:
+        lease = await a.acquire_writer_lease(meta("handover"))
+        proxy.latency = 3.0  # a slow network, not a timing check: the lock must be free either way
+        await lease.release()
+        again = await b.acquire_writer_lease(meta("handover"))
+        await again.release()
+    finally:
+        proxy.latency = 0.0
         await a.aclose()
         await b.aclose()
 

@@ -11,8 +11,10 @@ from typing import Any
 import anyio
 import pytest
 from dsh.session_persistence._host.boundaries import ToolExecutionResult
-from dsh.session_persistence._host.reconcile import UnknownCall, reconcile_data, reconciler_of, run_check
+from dsh.session_persistence._host.reconcile import reconcile_data, reconciler_of, run_check
+from dsh.session_persistence.backend import decode_event
 from dsh.session_persistence.loop import FunctionTool, Reconciliation, ToolOutput
+from dsh.session_persistence.repair import UnknownCall, interrupted_turn_closers, unknown_calls
 
 pytestmark = pytest.mark.anyio
 CALL = UnknownCall("call-7", "pay", '{"amount": 20}', 11)
@@ -131,3 +133,46 @@ def test_a_hanging_sync_check_cannot_keep_the_process_from_exiting(backend: str)
         [sys.executable, "-c", HANGING_CHECK, backend], capture_output=True, text=True, timeout=90, check=False
     )
     assert (done.returncode, done.stdout.strip()) == (0, "abandoned"), done.stderr
+
+
+def _event(seq: int, etype: str, data: dict[str, Any]) -> Any:
+    envelope: dict[str, Any] = {"type": etype, "seq": seq, "time": 0, "data": data}
+    if etype in ("user/message", "assistant/message", "tool/result"):
+        envelope["surfaceOp"] = "append"
+    if etype == "tool/reconcile":
+        envelope["ignorable"] = True
+    return decode_event(envelope)
+
+
+def test_the_repair_face_lists_the_unknown_outcome_calls_a_finding_has_not_settled() -> None:
+    """``repair.unknown_calls`` (public, for integrations running their own loop): a recorded call repaired as
+    ``TOOL_OUTCOME_UNKNOWN`` is listed until a conclusive finding names its result; a never-recorded call
+    (``TOOL_NOT_STARTED``) never is."""
+    blocks = [{"type": "tool-call", "id": i, "name": "pay", "arguments": '{"amount": 20}'} for i in ("c1", "c2")]
+    message = {
+        "id": "a1",
+        "role": "assistant",
+        "content": blocks,
+        "source": {"kind": "model", "provider": "p", "model": "m"},
+    }
+    user = {"id": "u1", "role": "user", "content": [], "source": {"kind": "user"}}
+    events = [
+        _event(0, "turn/start", {"turn": 1}),
+        _event(1, "step/start", {"turn": 1, "step": 1}),
+        _event(2, "user/message", user),
+        _event(3, "assistant/message", {"turn": 1, "step": 1, "message": message}),
+        _event(4, "tool/call", {"turn": 1, "step": 1, "callId": "c1", "name": "pay", "arguments": '{"amount": 20}'}),
+    ]  # the crash: c1 recorded, c2 not
+    events += interrupted_turn_closers(events)
+    [unknown] = unknown_calls(events)
+    assert unknown == UnknownCall("c1", "pay", '{"amount": 20}', 5)
+    assert unknown_calls(events[:5]) == []  # no repair yet: nothing is unknown
+    cannot_tell = reconcile_data(unknown, Reconciliation.cannot_tell("down"), len(events))
+    events.append(_event(len(events), "tool/reconcile", cannot_tell))
+    assert unknown_calls(events) == [unknown]  # an unknown finding settles nothing
+    wrong = reconcile_data(UnknownCall("c1", "pay", "{}", 4), Reconciliation.happened("paid"), len(events))
+    events.append(_event(len(events), "tool/reconcile", wrong))
+    assert unknown_calls(events) == [unknown]  # a finding about another result settles nothing either
+    happened = reconcile_data(unknown, Reconciliation.happened("paid 20"), len(events))
+    events.append(_event(len(events), "tool/reconcile", happened))
+    assert unknown_calls(events) == []

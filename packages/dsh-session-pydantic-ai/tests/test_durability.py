@@ -22,7 +22,7 @@ from dsh.session_persistence import (
 )
 from dsh.session_persistence.events import OpaqueEvent, ToolCall, ToolReconcile, ToolResult, TurnEnd
 from dsh.session_persistence.loop import TOOL_RECONCILED_NOT_HAPPENED_TEXT, Reconciliation
-from dsh.session_persistence.repair import TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN_TEXT
+from dsh.session_persistence.repair import TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN_TEXT, unknown_calls
 from dsh.session_pydantic_ai import (
     DshDurability,
     DurabilityClosedError,
@@ -226,6 +226,15 @@ async def test_a_tool_check_reconciles_the_cut_call(finding: Reconciliation, exp
     assert isinstance(answer, ToolReturnPart)
     assert expected in str(answer.content)
     assert [e.data.outcome for e in shared.events("s") if type(e) is ToolReconcile] == [finding.outcome]
+
+
+async def test_the_calls_to_reconcile_are_the_cores_own_scan() -> None:
+    """The capability asks about exactly the calls the core's loop would: it uses the core's public
+    ``repair.unknown_calls``, not a copy of that scan (DESIGN §10.1: public faces across distributions)."""
+    from dsh.session_pydantic_ai import _capability, _history
+
+    assert _capability.unknown_calls is unknown_calls
+    assert not hasattr(_history, "unknown_calls")
 
 
 async def test_a_history_that_does_not_extend_the_stored_one_is_refused_before_the_model() -> None:

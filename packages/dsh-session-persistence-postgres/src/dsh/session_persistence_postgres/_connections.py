@@ -330,6 +330,10 @@ class Connections:
             raise NotSent(exc, is_retryable_connect_error(exc)) from exc
         return conn
 
+    def guard(self, conn: Conn) -> contextlib.AbstractContextManager[dict[str, bool]]:
+        """Watch a connection the caller holds itself (a lease's) by the client deadline, as lent ones are."""
+        return self._watchdog.guard(conn)
+
     def open(self) -> None:
         """Open the owned pool (its connections are made in the background); a caller's pool is left alone."""
         if not self._external and not self._opened:

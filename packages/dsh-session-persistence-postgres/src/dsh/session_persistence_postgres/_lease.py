@@ -1,8 +1,11 @@
 """The writer lease: off by default (the compare-and-set on ``next_seq`` refuses a stale writer), or an advisory lock.
 
 With ``writer_lease=True`` a lease is a session-level ``pg_try_advisory_lock`` on a connection of its own, held
-until :meth:`AdvisoryLease.release` closes that connection. The server drops the lock when the holder's
-connection ends (its process died, the network went away), so there is never a stale lease to clean up. The
+until :meth:`AdvisoryLease.release` unlocks it and closes that connection. The unlock is a round trip the server
+answers once the lock is free: closing alone frees it only when the server has read the disconnect, some time after
+``close()`` returned, so a writer following the release at once (this process deleting or reopening the session
+it just let go) was refused ``SessionLockedError`` by its own lease. The server also drops the lock when the
+holder's connection ends (its process died, the network went away), so there is never a stale lease to clean up. The
 lock key is 64 bits of a SHA-256 of the schema and the session id (computed here, not by ``hashtext``, whose 32
 bits would make two live sessions collide in a large fleet). The lease connection carries
 ``application_name = "dsh lease pid N on HOST"``, which is how a refused writer names the holder.
@@ -47,11 +50,13 @@ class NoLease:
 
 
 class AdvisoryLease:
-    """A held advisory lock: its own connection, closed (and so unlocked) by :meth:`release`."""
+    """A held advisory lock: its own connection, unlocked and closed by :meth:`release`."""
 
-    def __init__(self, conn: Conn, holder: str) -> None:
+    def __init__(self, conn: Conn, holder: str, key: int, connections: Connections) -> None:
         self._conn: Conn | None = conn
         self._lock = threading.Lock()
+        self._key = key
+        self._connections = connections
         self.holder: str | None = holder
 
     @property
@@ -59,9 +64,16 @@ class AdvisoryLease:
         return self._conn is not None
 
     def release_sync(self) -> None:
+        """Unlock (the server answers once the lock is free), then close; returns with the lock free unless the
+        connection is broken or silent past ``client_timeout``, then the server frees it when it sees the end."""
         with self._lock:
             conn, self._conn = self._conn, None
-        if conn is not None:
+        if conn is None:
+            return
+        try:
+            with self._connections.guard(conn), contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+        finally:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
 
@@ -82,7 +94,7 @@ def acquire_advisory_lease(connections: Connections, schema: str, session_id: st
     try:
         row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
         if row is not None and row[0]:
-            return AdvisoryLease(conn, holder)
+            return AdvisoryLease(conn, holder, key, connections)
         other = conn.execute(
             "SELECT a.application_name FROM pg_catalog.pg_locks l"
             " JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"

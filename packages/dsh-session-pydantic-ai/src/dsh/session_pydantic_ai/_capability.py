@@ -20,12 +20,13 @@ from typing import Any
 import anyio
 from dsh.session_persistence import MemoryBackend, Session, SessionNotFoundError, Sessions
 from dsh.session_persistence.loop import DEFAULT_RECONCILE_TIMEOUT_S
+from dsh.session_persistence.repair import unknown_calls
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolCallPart
 
 from ._errors import DurabilityClosedError, NotDurableWarning, RunOverlapError
-from ._history import RECONCILE_EVENT, Check, project, reconcile_data, run_check, unknown_calls
+from ._history import RECONCILE_EVENT, Check, project, reconcile_data, run_check
 from ._record import Recorder
 
 __all__ = ["DshDurability"]

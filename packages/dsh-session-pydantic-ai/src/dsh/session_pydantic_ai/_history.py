@@ -5,9 +5,9 @@ A call a crash cut has no tool return among the stored messages; crash repair an
 the model one closing request with a tool return per such call, carrying that text, or a reconciliation check's
 finding in its place: the call is answered, never run again.
 
-Reconciliation follows the core's rules (``dsh.session_persistence.loop.Reconciliation``): a check
-``check(arguments, call_id)`` per tool name, bounded in time; its finding is a ``tool/reconcile`` event between
-turns; a check that fails, hangs or answers nonsense cannot tell.
+Reconciliation follows the core's rules (``dsh.session_persistence.loop.Reconciliation``): the calls to check are
+the core's ``repair.unknown_calls``; a check ``check(arguments, call_id)`` per tool name, bounded in time; its finding
+is a ``tool/reconcile`` event between turns; a check that fails, hangs or answers nonsense cannot tell.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Union
 
 import anyio
-from dsh.session_persistence.events import ToolCall, ToolReconcile, ToolResult
+from dsh.session_persistence.events import ToolReconcile, ToolResult
 from dsh.session_persistence.loop import (
     TOOL_RECONCILED_HAPPENED_TEXT,
     TOOL_RECONCILED_NOT_HAPPENED_TEXT,
@@ -30,13 +29,14 @@ from dsh.session_persistence.repair import (
     TOOL_ABORTED_BEFORE_DISPATCH,
     TOOL_NOT_STARTED,
     TOOL_OUTCOME_UNKNOWN,
+    UnknownCall,
 )
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
 
 from ._messages import answered_ids, from_json
 from ._record import stored_messages
 
-__all__ = ["RECONCILE_EVENT", "Check", "UnknownCall", "project", "reconcile_data", "run_check", "unknown_calls"]
+__all__ = ["RECONCILE_EVENT", "Check", "project", "reconcile_data", "run_check"]
 
 #: The core's record of a reconciliation finding.
 RECONCILE_EVENT = "tool/reconcile"
@@ -45,16 +45,6 @@ RECONCILE_EVENT = "tool/reconcile"
 Check = Callable[[Any, str], Union[Reconciliation, Awaitable[Reconciliation]]]
 
 _REPAIR_CODES = frozenset({TOOL_OUTCOME_UNKNOWN, TOOL_NOT_STARTED, TOOL_ABORTED, TOOL_ABORTED_BEFORE_DISPATCH})
-
-
-@dataclass(frozen=True)
-class UnknownCall:
-    """A call whose repaired result says ``TOOL_OUTCOME_UNKNOWN`` and that no finding concluded yet."""
-
-    call_id: str
-    name: str
-    arguments: str
-    result_seq: int
 
 
 def _text(message: Any) -> str:
@@ -71,27 +61,6 @@ def _text(message: Any) -> str:
 def _code(event: ToolResult) -> str | None:
     code = getattr(event.data.error, "code", None)
     return code if isinstance(code, str) else None
-
-
-def unknown_calls(events: Sequence[Any]) -> list[UnknownCall]:
-    """Every unconcluded unknown-outcome call of ``events``, in log order."""
-    calls: dict[int, ToolCall] = {}
-    found: dict[str, UnknownCall] = {}
-    for event in events:
-        if type(event) is ToolCall:
-            calls[event.seq] = event
-        elif type(event) is ToolResult and _code(event) == TOOL_OUTCOME_UNKNOWN:
-            seqs = event.source_event_seqs
-            call = calls.get(seqs[0]) if isinstance(seqs, tuple) and seqs else None
-            if call is not None:
-                found[call.data.call_id] = UnknownCall(
-                    call.data.call_id, call.data.name, call.data.arguments, event.seq
-                )
-        elif type(event) is ToolReconcile and event.data.outcome != "unknown":
-            entry = found.get(event.data.call_id)
-            if entry is not None and entry.result_seq == event.data.result_seq:
-                del found[event.data.call_id]
-    return sorted(found.values(), key=lambda call: call.result_seq)
 
 
 async def run_check(check: Check, call: UnknownCall, limit_s: float) -> Reconciliation:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from .._format.frames import Compression
-from . import activity
+from . import activity, activity_writers
 from .activity_journal import INDEX_NAME
 
 __all__ = ["index_state"]
@@ -35,7 +35,7 @@ def index_state(root: str, compression: Compression) -> str:
         return f"stale (written before a reboot): listings scan until it is rebuilt ({len(entries)} sessions)"
     state = snap.state
     if state.journal[1]:
-        read = activity.read_journal(root, state.journal[2], state.journal_id, state.journal_tail)
+        read = activity_writers.read_journal(root, state.journal[2], state.journal_id, state.journal_tail)
         if read is None or read.dev_ino != state.journal[:2]:
             return "stale (its journal was replaced, truncated or damaged): listings scan until it is rebuilt"
     return f"ok ({len(entries)} sessions)"

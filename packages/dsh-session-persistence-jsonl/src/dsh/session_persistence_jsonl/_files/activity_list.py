@@ -22,7 +22,7 @@ from dsh.session_persistence.backend import (
 )
 
 from .._format.frames import Compression
-from . import activity
+from . import activity, activity_writers
 from .activity import RACY_NS, Entry, IndexState, Snapshot
 from .activity_journal import JOURNAL_NAME
 from .activity_key import ActivityReader
@@ -79,7 +79,7 @@ def rebuild(root: str, compression: Compression, checkpoint: Checkpoint, reader:
     """Every session with its ``stat`` and last activity, and a fresh snapshot of them for the next listing."""
     suffix = "/" + TRANSCRIPT_STEM + suffix_for(compression)
     boot = activity.boot_id()
-    journal = activity.journal_identity(root)
+    journal = activity_writers.journal_identity(root)
     now = time.time_ns()
     try:
         root_st = os.stat(root)
@@ -87,17 +87,17 @@ def rebuild(root: str, compression: Compression, checkpoint: Checkpoint, reader:
         return []
     if not reader.cached:
         reader.cached = cached_entries(root, compression)
-    locks = activity.held_locks(root_st.st_dev)  # before the journal: a writer that locks later announces later
-    read = activity.read_journal(root, 0) if journal is not None else None
+    locks = activity_writers.held_locks(root_st.st_dev)  # before the journal: a writer that locks later announces later
+    read = activity_writers.read_journal(root, 0) if journal is not None else None
     if read is None and journal is not None and journal[1]:
         # Not our records: start a new journal (writers create it again); live writers are found by their locks.
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(root, JOURNAL_NAME))
     if read is None:
-        read = activity.JournalRead([], 0, (0, 0), "", (0, 0))
-    opens: activity.Opens = {}
-    activity.fold_journal(opens, read.records)
-    activity.prune_dead(opens)
+        read = activity_writers.JournalRead([], 0, (0, 0), "", (0, 0))
+    opens: activity_writers.Opens = {}
+    activity_writers.fold_journal(opens, read.records)
+    activity_writers.prune_dead(opens)
     projects: dict[str, tuple[int, int, int]] = {}
     entries: list[Entry] = []
     out: list[Candidate] = []
@@ -128,7 +128,7 @@ def rebuild(root: str, compression: Compression, checkpoint: Checkpoint, reader:
     if locks:
         # A session locked by a writer the journal does not name (a 0.2 writer) is looked at while it lives.
         host = socket.gethostname()
-        for ino, pid in activity.unknown_locks(locks, opens).items():
+        for ino, pid in activity_writers.unknown_locks(locks, opens).items():
             rel = lock_inodes.get(ino)
             if rel is not None:
                 opens.setdefault(rel, []).append([pid, host, ino])
@@ -203,7 +203,7 @@ def indexed_page(
     if boot is None or query.order != "recent" or query.limit is None:
         return None
     snap = activity.load(root, compression, boot)
-    journal = activity.journal_identity(root)
+    journal = activity_writers.journal_identity(root)
     if snap is None or journal is None:
         return None
     try:
@@ -230,11 +230,11 @@ def _page(
     dev, ino, start = state.journal
     if ino and ((dev, ino) != journal[:2] or journal[2] < start):
         raise _Stale  # the journal was replaced or shrank: records may be missing
-    locks = activity.held_locks(os.stat(root).st_dev)
+    locks = activity_writers.held_locks(os.stat(root).st_dev)
     if ino:
-        read = activity.read_journal(root, start, state.journal_id, state.journal_tail)
+        read = activity_writers.read_journal(root, start, state.journal_id, state.journal_tail)
     else:
-        read = activity.read_journal(root, 0)  # none then: one created since is read whole
+        read = activity_writers.read_journal(root, 0)  # none then: one created since is read whole
     if read is None or (ino and read.dev_ino != (dev, ino)):
         raise _Stale  # not the journal read last time (recreated, truncated in place) or a record in doubt
     if ino and read.offset == start and read.mtime_ns != state.journal_mtime:
@@ -242,15 +242,15 @@ def _page(
     start = start if ino else 0
     records, offset = read.records, read.offset
     opens = copy.deepcopy(state.opens)
-    touched = activity.fold_journal(opens, records)
-    unknown = activity.unknown_locks(locks, opens) if locks else {}
+    touched = activity_writers.fold_journal(opens, records)
+    unknown = activity_writers.unknown_locks(locks, opens) if locks else {}
     if unknown and not unknown.keys().isdisjoint(snap.lock_inodes()):
         raise _Stale  # a live writer the journal does not name holds one of these sessions
     # Every session announced and not retired is stat'ed, a writer that died since included (its last write may
     # be newer than anything the snapshot saw); only then is the dead one forgotten.
     fresh_rels = touched | set(opens)
     announced = len(opens)
-    activity.prune_dead(opens)
+    activity_writers.prune_dead(opens)
     now = time.time_ns()
     projects, changed = _projects_now(root, state, now)
     present: dict[str, set[str]] = {}

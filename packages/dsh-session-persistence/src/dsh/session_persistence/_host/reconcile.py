@@ -22,11 +22,10 @@ from msgspec import UnsetType
 from .._model.events import (
     Message,
     SessionEvent,
-    ToolCall,
     ToolReconcile,
     ToolResult,
 )
-from .._model.repair import TOOL_OUTCOME_UNKNOWN
+from .._model.repair import UnknownCall, unknown_calls
 from .boundaries import ToolExecutionResult
 
 __all__ = [
@@ -85,40 +84,6 @@ class Reconciliation:
     def cannot_tell(cls, detail: str = "") -> Reconciliation:
         """The check cannot find out; the model keeps seeing that the outcome is unknown."""
         return cls("unknown", None, detail)
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownCall:
-    """A call whose repaired result says ``TOOL_OUTCOME_UNKNOWN`` and that no finding has concluded yet."""
-
-    call_id: str
-    name: str
-    arguments: str
-    result_seq: int
-
-
-def unknown_calls(events: Sequence[SessionEvent]) -> list[UnknownCall]:
-    """Every unconcluded unknown-outcome call of ``events``, in log order (an ``unknown`` finding concludes none)."""
-    calls: dict[int, ToolCall] = {}
-    found: dict[str, UnknownCall] = {}
-    for event in events:
-        if type(event) is ToolCall:
-            calls[event.seq] = event
-        elif type(event) is ToolResult:
-            data = event.data
-            if getattr(data.error, "code", None) != TOOL_OUTCOME_UNKNOWN:
-                continue
-            seqs = event.source_event_seqs
-            call = calls.get(seqs[0]) if isinstance(seqs, tuple) and seqs else None
-            if call is not None:
-                found[call.data.call_id] = UnknownCall(
-                    call.data.call_id, call.data.name, call.data.arguments, event.seq
-                )
-        elif type(event) is ToolReconcile and event.data.outcome != "unknown":
-            entry = found.get(event.data.call_id)
-            if entry is not None and entry.result_seq == event.data.result_seq:
-                del found[event.data.call_id]
-    return sorted(found.values(), key=lambda call: call.result_seq)
 
 
 Check = Callable[[Any, str], Awaitable[Reconciliation]]

@@ -3,11 +3,14 @@
 A pure function of the stored events. It appends, in order, one synthetic ``tool/result`` per unanswered
 model-requested call (``TOOL_NOT_STARTED`` when no durable ``tool/call`` exists, else ``TOOL_OUTCOME_UNKNOWN``),
 then ``step/end`` if a step is open, then ``turn/end {interrupted}``. Committed events are never rewritten.
+:func:`unknown_calls` finds, after the repair, the ``TOOL_OUTCOME_UNKNOWN`` calls a reconciliation check may still
+settle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from msgspec import UNSET
 
@@ -33,6 +36,7 @@ from .events import (
     ToolCall,
     ToolCallBlock,
     ToolErrorInfo,
+    ToolReconcile,
     ToolResult,
     ToolResultBlock,
     ToolResultData,
@@ -51,8 +55,10 @@ __all__ = [
     "TOOL_NOT_STARTED_TEXT",
     "TOOL_OUTCOME_UNKNOWN",
     "TOOL_OUTCOME_UNKNOWN_TEXT",
+    "UnknownCall",
     "has_open_turn",
     "interrupted_turn_closers",
+    "unknown_calls",
 ]
 
 _NOT_STARTED_ERROR = ToolErrorInfo(name="ToolNotStartedError", code=TOOL_NOT_STARTED)
@@ -162,3 +168,46 @@ def interrupted_turn_closers(events: Sequence[SessionEvent]) -> list[SessionEven
         seq += 1
     closers.append(TurnEnd(seq=seq, time=time, data=TurnEndData(turn=open_turn, reason=InterruptedReason())))
     return closers
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownCall:
+    """A call whose repaired result says ``TOOL_OUTCOME_UNKNOWN`` and that no finding has concluded yet.
+
+    :param call_id: The call's id (the idempotency key its tool was given).
+    :param name: The tool's name.
+    :param arguments: The arguments as recorded in its ``tool/call`` (JSON text).
+    :param result_seq: The seq of the repaired ``tool/result`` (a ``tool/reconcile`` finding names it).
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+    result_seq: int
+
+
+def unknown_calls(events: Sequence[SessionEvent]) -> list[UnknownCall]:
+    """Every unconcluded unknown-outcome call of ``events``, in log order (an ``unknown`` finding concludes none).
+
+    A call counts when its ``tool/call`` is durable and its ``tool/result`` is a ``TOOL_OUTCOME_UNKNOWN`` repair,
+    until a ``tool/reconcile`` finding ``happened`` or ``not-happened`` names that very result.
+    """
+    calls: dict[int, ToolCall] = {}
+    found: dict[str, UnknownCall] = {}
+    for event in events:
+        if type(event) is ToolCall:
+            calls[event.seq] = event
+        elif type(event) is ToolResult:
+            if getattr(event.data.error, "code", None) != TOOL_OUTCOME_UNKNOWN:
+                continue
+            seqs = event.source_event_seqs
+            call = calls.get(seqs[0]) if isinstance(seqs, tuple) and seqs else None
+            if call is not None:
+                found[call.data.call_id] = UnknownCall(
+                    call.data.call_id, call.data.name, call.data.arguments, event.seq
+                )
+        elif type(event) is ToolReconcile and event.data.outcome != "unknown":
+            entry = found.get(event.data.call_id)
+            if entry is not None and entry.result_seq == event.data.result_seq:
+                del found[event.data.call_id]
+    return sorted(found.values(), key=lambda call: call.result_seq)
