@@ -439,6 +439,49 @@ def test_agent_notifications_are_isolated(caplog: pytest.LogCaptureFixture) -> N
     ]
 
 
+class EventRecorder:
+    """``session_event`` implementations taking the spec's arguments in other shapes (a subset, another order)."""
+
+    def __init__(self, calls: list[object], label: str) -> None:
+        self.calls = calls
+        self.label = label
+
+    @hookimpl
+    def session_event(self, event: object, session: FakeSession) -> None:
+        self.calls.append((self.label, session.id, event))
+
+
+class EventOnly:
+    def __init__(self, calls: list[object]) -> None:
+        self.calls = calls
+
+    @hookimpl
+    def session_event(self, event: object) -> None:
+        self.calls.append(("event-only", event))
+
+
+def test_session_event_follows_registrations_made_after_the_first_event() -> None:
+    calls: list[object] = []
+    host = Host()
+    first = EventRecorder(calls, "first")
+    host.register(first)
+    host.session_event(FakeSession("s1"), "e1")  # type: ignore[arg-type]
+    later = EventRecorder(calls, "later")
+    host.register(later)
+    host.register(EventOnly(calls), name="event-only")
+    host.session_event(FakeSession("s2"), "e2")  # type: ignore[arg-type]
+    host.unregister(first)
+    host.unregister(name="event-only")
+    host.session_event(FakeSession("s3"), "e3")  # type: ignore[arg-type]
+    assert calls == [
+        ("first", "s1", "e1"),
+        ("event-only", "e2"),  # pluggy's order: last registered first
+        ("later", "s2", "e2"),
+        ("first", "s2", "e2"),
+        ("later", "s3", "e3"),
+    ]
+
+
 class AsyncEventListener:
     @hookimpl
     async def session_event(self, session: FakeSession, event: object) -> None:

@@ -38,6 +38,7 @@ import pluggy
 
 from .._model.errors import SessionLifecycleError
 from . import specs as hookspecs
+from .notify import close_quietly, event_call, report_result
 from .specs import PROJECT_NAME
 
 if TYPE_CHECKING:
@@ -83,12 +84,6 @@ def _invoke(impl: pluggy.HookImpl, kwargs: Mapping[str, object]) -> object:
     return impl.function(*[kwargs[name] for name in impl.argnames])
 
 
-def _close(obj: object) -> None:
-    close = getattr(obj, "close", None)
-    if callable(close):
-        close()
-
-
 class _Settled:
     """An awaitable that is already settled: awaiting it returns ``None`` or raises ``error``."""
 
@@ -129,6 +124,8 @@ class Host:
         # Per notification hook, its implementations in call order (function, argument names, plugin name): built
         # on first use and dropped by every (un)registration, so a per-event hook call copies no pluggy list.
         self._isolated: dict[str, tuple[tuple[Callable[..., object], tuple[str, ...], str], ...]] = {}
+        # The same for ``session_event`` (once per appended event), each implementation as a (session, event) callable.
+        self._event_impls: tuple[tuple[Callable[[Session, SessionEvent], object], str], ...] | None = None
 
     @property
     def plugin_manager(self) -> pluggy.PluginManager:
@@ -145,7 +142,7 @@ class Host:
         one fails here. On a violation the plugin is unregistered again (the registry is left as it was) and
         ``pluggy.PluginValidationError`` is raised.
         """
-        self._isolated.clear()
+        self._forget_impls()
         plugin_name = self._pm.register(plugin, name)
         if plugin_name is None:
             return None
@@ -159,8 +156,13 @@ class Host:
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any | None:
         """Unregister a plugin (by object or by name) and all its hook implementations; returns the plugin."""
-        self._isolated.clear()
+        self._forget_impls()
         return self._pm.unregister(plugin, name)
+
+    def _forget_impls(self) -> None:
+        # Every registration change drops the resolved per-hook lists (rebuilt on the next call).
+        self._isolated.clear()
+        self._event_impls = None
 
     def is_registered(self, plugin: object) -> bool:
         """Whether ``plugin`` is registered."""
@@ -312,12 +314,28 @@ class Host:
 
     def session_event(self, session: Session, event: SessionEvent) -> None:
         """Call every ``session_event`` implementation, each isolated (see the hookspec)."""
-        # Runs once per appended event: the label is built only if an implementation misbehaves.
-        self._call_isolated(
-            "session_event",
-            {"host": self, "session": session, "event": event},
-            lambda: f'session "{session.id}": session/event',
+        # Runs once per appended event: the implementations come from a list resolved once per registration change,
+        # each called with two positional arguments; the label is built only if an implementation misbehaves.
+        impls = self._event_impls
+        if impls is None:
+            impls = self._resolve_event_impls()
+        for call, plugin_name in impls:
+            try:
+                result = call(session, event)
+            except Exception as exc:
+                # The spec fixes the message text, which includes the error; the traceback comes along.
+                _logger.exception('session "%s": session/event listener threw: %s', session.id, exc)  # noqa: TRY401
+                continue
+            if result is not None:
+                report_result(result, plugin_name, f'session "{session.id}": session/event')
+
+    def _resolve_event_impls(self) -> tuple[tuple[Callable[[Session, SessionEvent], object], str], ...]:
+        """The ``session_event`` implementations in pluggy's call order, each as a ``(session, event)`` callable."""
+        impls = self._event_impls = tuple(
+            (event_call(self, impl.function, tuple(impl.argnames)), impl.plugin_name)
+            for impl in reversed(self._pm.hook.session_event.get_hookimpls())
         )
+        return impls
 
     def session_disposed(self, session: Session) -> None:
         """Call every ``session_disposed`` implementation, each isolated."""
@@ -386,7 +404,7 @@ class Host:
         if result is None:
             raise RuntimeError('hook "llm_stream" has no terminal implementation (the LLM runtime registers it)')
         if not isinstance(result, AsyncIterator):
-            _close(result)
+            close_quietly(result)
             raise TypeError(f'hook "llm_stream" returned {type(result).__name__}, expected an async iterator')
         return result
 
@@ -460,7 +478,7 @@ class Host:
 
     # ---------------------------------------------------------------------------------------------
 
-    def _call_isolated(self, hook_name: str, kwargs: Mapping[str, object], what: str | Callable[[], str]) -> None:
+    def _call_isolated(self, hook_name: str, kwargs: Mapping[str, object], what: str) -> None:
         impls = self._isolated.get(hook_name)
         if impls is None:
             caller: pluggy.HookCaller = getattr(self._pm.hook, hook_name)
@@ -474,20 +492,9 @@ class Host:
                 # _invoke inlined (this runs per appended event).
                 result = function(*[kwargs[name] for name in argnames])
             except Exception as exc:
-                if not isinstance(what, str):
-                    what = what()
                 # The spec fixes the message text, which includes the error; the traceback comes along.
                 _logger.exception("%s listener threw: %s", what, exc)  # noqa: TRY401
                 continue
             # None (the usual result of a notification) is never awaitable: skip the inspect call for it.
-            if result is not None and inspect.isawaitable(result):
-                if not isinstance(what, str):
-                    what = what()
-                # A synchronous notification cannot await: close it so it does not warn unawaited,
-                # and say so, since the work it stood for is lost.
-                _close(result)
-                _logger.error(
-                    "%s listener returned an awaitable (plugin %r); the hook is synchronous, it was closed unawaited",
-                    what,
-                    plugin_name,
-                )
+            if result is not None:
+                report_result(result, plugin_name, what)

@@ -372,7 +372,7 @@ class SessionStore:
         if session.id in self._sessions:
             raise SessionAlreadyExistsError(f'session "{session.id}" already exists')
         self._sessions[session.id] = session
-        session._observer = self._on_event
+        session._observer = self._host.session_event  # called once per appended event, directly
         try:
             self._host.session_created(session)
         except BaseException:
@@ -381,9 +381,6 @@ class SessionStore:
             self._host.session_disposed(session)
             raise
         return session
-
-    def _on_event(self, session: Session, event: SessionEvent) -> None:
-        self._host.session_event(session, event)
 
     def get(self, session_id: str) -> Session | None:
         """The live session with this id, if any."""
