@@ -141,7 +141,10 @@ class LivePath:
 
     def enqueue(self, session: Session, event: SessionEvent) -> None:
         """The ``session_event`` hook: the event joins the Session's write-behind window."""
-        self.ensure_live(session).writes.enqueue(event)
+        live = self.live.get(session)  # ensure_live's own first step, inlined: this runs per appended event
+        if live is None:
+            live = self.ensure_live(session)
+        live.writes.enqueue(event)
 
     def ensure_live(self, session: Session) -> Live:
         """Get or create the Session's controller and start its initialization (idempotent per Session)."""

@@ -123,6 +123,8 @@ class WriteBehindController(Generic[E]):
         self._spawn = spawn
         self._max_delay_ms = max_delay_ms
         self._copy = copy
+        # Per event the default copy is no call at all (the session's events are immutable structs).
+        self._copies = copy is not _identity
         self._signal = signal
 
         self._pending: list[E] = []
@@ -176,7 +178,7 @@ class WriteBehindController(Generic[E]):
     def enqueue(self, event: E) -> None:
         """Admit one event. Synchronous and non-blocking; never raises a write error."""
         pending = self._pending
-        pending.append(self._copy(event))
+        pending.append(self._copy(event) if self._copies else event)
         if self._barrier is not None:
             # The running barrier drains everything admitted before it observes emptiness.
             return
