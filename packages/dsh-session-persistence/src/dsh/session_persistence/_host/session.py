@@ -35,7 +35,7 @@ from .._model.events import (
 )
 from .._model.header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
 from .._model.ids import check_session_id
-from .._model.jsonvalue import is_safe_int, snapshot_json
+from .._model.jsonvalue import is_safe_int, snapshot_json, snapshot_record
 from .._model.repair import has_open_turn
 from .._model.validator import TurnValidator, validate_turns
 from .._wire.codec import build_event, decode_event, event_to_builtins
@@ -262,7 +262,9 @@ class Session:
         A failure before the commit leaves the log unchanged; after the commit the append is final and observer
         failures are logged by the host, never raised here.
         """
-        payload = snapshot_json(data, f'session event "{event_type}" data')
+        payload: Any = snapshot_record(data)  # the usual dict payload, copied without building the label below
+        if payload is None:
+            payload = snapshot_json(data, f'session event "{event_type}" data')
         seqs: list[Any] | None = None
         if source_event_seqs is not None:
             seqs = list(source_event_seqs)

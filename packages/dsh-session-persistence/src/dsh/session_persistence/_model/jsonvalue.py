@@ -1,8 +1,10 @@
 """The lossless JSON boundary (spec session-core §4).
 
 Everything the session persists passes through :func:`snapshot_json` before it is encoded. It validates
-and copies in one iterative pass, so a value cannot change between the check and the copy, and the copy
-shares no mutable container with the caller's value.
+and copies in one pass, so a value cannot change between the check and the copy, and the copy shares no
+mutable container with the caller's value. The common case takes a recursive fast path; anything it does not
+plainly accept goes to an iterative walk that decides and names the defect (:func:`snapshot_record` is the fast
+path alone, for a caller that names the value only when it has to).
 
 Why this exists: msgspec silently encodes NaN and infinities as ``null``, turns non-string dict keys into
 strings, cannot encode lone surrogates, and raises ``RecursionError`` on very deep nesting. Each of those
@@ -28,6 +30,7 @@ __all__ = [
     "is_json_value",
     "is_safe_int",
     "snapshot_json",
+    "snapshot_record",
 ]
 
 JsonValue: TypeAlias = bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"] | None
@@ -96,11 +99,100 @@ def snapshot_json(value: object, what: str = "value") -> JsonValue:
     """
     t = type(value)
     if t is dict or t is list:
-        return _snapshot_tree(value, what)  # type: ignore[arg-type]
+        try:
+            return _fast_dict(value, 1) if t is dict else _fast_list(value, 1)  # type: ignore[arg-type]
+        except (_Declined, RecursionError):
+            # Anything unusual (a defect, a cycle, deep nesting, a caller already deep in the stack): the walk below
+            # decides, from the start, and names the defect.
+            return _snapshot_tree(value, what)  # type: ignore[arg-type]
     reason = _scalar_defect(value)
     if reason is not None:
         raise NotLosslessJsonError(what, reason, "$")
     return value  # type: ignore[return-value]
+
+
+def snapshot_record(value: object) -> dict[str, JsonValue] | None:
+    """:func:`snapshot_json` of an exact ``dict`` in the common case, without naming anything: its independent copy,
+    or ``None`` when it is not that case (not a dict, or anything :func:`snapshot_json` would refuse or has to look
+    at closer). On ``None`` the caller runs :func:`snapshot_json`, which decides and names the defect.
+
+    For the per-event hot path (an appended event's ``data``), where building the ``what`` label costs as much as a
+    small copy: every value this returns is exactly what :func:`snapshot_json` returns for it.
+    """
+    if type(value) is not dict:
+        return None
+    try:
+        return _fast_dict(value, 1)
+    except (_Declined, RecursionError):
+        return None
+
+
+# The fast path: a recursive copy that checks every value as it copies it and declines (``_Declined``) at the first
+# thing that is not plainly fine -- a refused value or key, a string holding surrogates, nesting deeper than
+# _FAST_DEPTH (so a cycle ends here too) -- leaving the whole value to the iterative walk below, which decides and
+# names the defect. What it accepts and how it copies (a DAG twice, key order kept) are exactly the walk's.
+_FAST_DEPTH = 48
+
+
+class _Declined(Exception):
+    """The fast path leaves the value to :func:`_snapshot_tree` (never escapes this module)."""
+
+
+def _fast_dict(src: dict[Any, Any], depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in src.items():
+        if type(key) is not str or not (key.isascii() or _str_ok(key)):
+            raise _Declined
+        t = type(v)
+        if t is str:
+            if not (v.isascii() or _str_ok(v)):
+                raise _Declined
+        elif t is int:
+            if not _MIN_SAFE <= v <= MAX_SAFE_INTEGER:
+                raise _Declined
+        elif t is dict:
+            if depth >= _FAST_DEPTH:
+                raise _Declined
+            v = _fast_dict(v, depth + 1)
+        elif t is list:
+            if depth >= _FAST_DEPTH:
+                raise _Declined
+            v = _fast_list(v, depth + 1)
+        elif t is float:
+            if v - v != 0.0 or (v == 0.0 and _copysign(1.0, v) < 0.0):
+                raise _Declined
+        elif v is not None and t is not bool:
+            raise _Declined
+        out[key] = v
+    return out
+
+
+def _fast_list(src: list[Any], depth: int) -> list[Any]:
+    out: list[Any] = []
+    append = out.append
+    for v in src:
+        t = type(v)
+        if t is str:
+            if not (v.isascii() or _str_ok(v)):
+                raise _Declined
+        elif t is int:
+            if not _MIN_SAFE <= v <= MAX_SAFE_INTEGER:
+                raise _Declined
+        elif t is dict:
+            if depth >= _FAST_DEPTH:
+                raise _Declined
+            v = _fast_dict(v, depth + 1)
+        elif t is list:
+            if depth >= _FAST_DEPTH:
+                raise _Declined
+            v = _fast_list(v, depth + 1)
+        elif t is float:
+            if v - v != 0.0 or (v == 0.0 and _copysign(1.0, v) < 0.0):
+                raise _Declined
+        elif v is not None and t is not bool:
+            raise _Declined
+        append(v)
+    return out
 
 
 # A frame of the explicit DFS stack: (items iterator, copy under construction, key or index in the
