@@ -213,6 +213,8 @@ def _build_cases() -> list[tuple[str, int, object, Any, list[Any] | None, bool]]
         ("turn/start", 0, 1, {"turn": 1}, [0], False),
         ("turn/start", 0, 1.5, {"turn": 1}, None, False),
         ("turn/start", 0, 2**53, {"turn": 1}, None, False),
+        ("turn/start", 0, -(2**53), {"turn": 1}, None, False),
+        ("turn/start", 0, -(2**53) + 1, {"turn": 1}, None, False),
         ("turn/start", 0, True, {"turn": 1}, None, False),
         ("turn/start", 2**53, 1, {"turn": 1}, None, False),
         ("user/message", 0, 1, {**message, "role": "assistant"}, None, False),

@@ -9,10 +9,10 @@ takes a typed fast path and falls back to the generic decoder for the exact erro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from .._model.errors import EventValidationError
 from .._model.events import (
@@ -216,38 +216,58 @@ def append_envelope(
     return envelope
 
 
+#: Per known event type, what a live append needs to build it: (class, payload type, surface-eligible, must be marked
+#: ignorable). One lookup per appended event.
+_BUILD: dict[str, tuple[Any, Any, bool, bool]] = {
+    etype: (cls, _DATA_TYPES[etype], cls.surface, etype in IGNORABLE_EVENT_TYPES) for etype, cls in EVENT_TYPES.items()
+}
+_MIN_SAFE = -MAX_SAFE_INTEGER
+
+
 def build_event(
     etype: str, seq: int, time: int, data: Any, source_event_seqs: list[Any] | None, ignorable: bool
 ) -> SessionEvent:
     """``decode_event(append_envelope(...))`` without building and re-checking the envelope for a known type.
 
     ``data`` and ``source_event_seqs`` must already have passed :func:`snapshot_json`. The envelope checks that
-    can fail for a live append are made here in the same order (time, surface metadata), the payload is converted
-    straight into its type, and the event struct is built from parts whose values are already checked; anything
-    that fails (or an unknown type) goes through :func:`decode_event` itself, so results and errors are the same.
+    can fail for a live append are made here (time, seq, surface metadata, the ignorable mark), the payload is
+    converted straight into its type, and the event struct is built from parts whose values are already checked;
+    anything that fails (or an unknown type) goes through :func:`decode_event` itself, so results and errors are
+    the same.
     """
-    cls = EVENT_TYPES.get(etype)
-    if cls is None or not is_safe_int(time) or not 0 <= seq <= MAX_SAFE_INTEGER:
+    build = _BUILD.get(etype)
+    if (
+        build is None
+        or type(time) is not int
+        or not _MIN_SAFE <= time <= MAX_SAFE_INTEGER
+        or not 0 <= seq <= MAX_SAFE_INTEGER
+        or (build[3] and not ignorable)
+    ):
         return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
-    surface = cls.surface
+    cls, data_type, surface, _ = build
     if source_event_seqs is not None:
         if not surface:
             return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
         check_source_event_seqs(etype, seq, source_event_seqs)
     try:
-        payload = msgspec.convert(data, _DATA_TYPES[etype])
+        payload = msgspec.convert(data, data_type)
     except msgspec.ValidationError:
         # Same conversion inside the envelope: reports the error with its envelope path, as decode_event does.
         return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
-    if not ignorable and etype in IGNORABLE_EVENT_TYPES:
-        return decode_event(append_envelope(etype, seq, time, data, source_event_seqs, ignorable))
-    flag: Literal[True] | UnsetType = True if ignorable else UNSET
     if not surface:
-        return cast("SessionEvent", cls(seq=seq, time=time, data=payload, ignorable=flag))  # type: ignore[call-arg]
+        if ignorable:
+            event: SessionEvent = cls(seq=seq, time=time, data=payload, ignorable=True)
+            return event
+        event = cls(seq=seq, time=time, data=payload)  # ``ignorable`` stays UNSET
+        return event
     seqs = UNSET if source_event_seqs is None else tuple(source_event_seqs)
-    event = cast(
-        "SessionEvent",
-        cls(seq=seq, time=time, data=payload, ignorable=flag, surface_op="append", source_event_seqs=seqs),  # type: ignore[call-arg]
+    event = cls(
+        seq=seq,
+        time=time,
+        data=payload,
+        ignorable=True if ignorable else UNSET,
+        surface_op="append",
+        source_event_seqs=seqs,
     )
     check_message_shape(event)
     return event
