@@ -232,8 +232,7 @@ class Session:
         return list(self._messages)
 
     def _project(self, event: SessionEvent) -> None:
-        if self._messages is None:
-            return
+        assert self._messages is not None
         if isinstance(event, UserMessage):
             self._messages.append(event.data)
         elif isinstance(event, AssistantMessage):
@@ -286,13 +285,15 @@ class Session:
         return event
 
     def _commit(self, event: SessionEvent) -> None:
-        if self._validator is not None:
-            self._validator.check(event)
+        validator = self._validator
+        if validator is not None:
+            validator.check(event)
         self._events.append(event)
         self._snapshot = None
         if type(event) is RequestHeader:
             self._request_header = event.data.header
-        self._project(event)
+        if self._messages is not None:  # the projection is kept only once derive_messages built it
+            self._project(event)
         observer = self._observer
         if observer is not None:
             self._publishing = True
