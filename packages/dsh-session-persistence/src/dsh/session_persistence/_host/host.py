@@ -129,6 +129,9 @@ class Host:
         # Per notification hook, its implementations in call order (function, argument names, plugin name): built
         # on first use and dropped by every (un)registration, so a per-event hook call copies no pluggy list.
         self._isolated: dict[str, tuple[tuple[Callable[..., object], tuple[str, ...], str], ...]] = {}
+        # The session_flush implementations in registration order (function, argument names, plugin name): resolved
+        # on the first barrier and dropped by every (un)registration, so a barrier neither sorts nor copies.
+        self._flush_impls: tuple[tuple[Callable[..., object], tuple[str, ...], str], ...] | None = None
 
     @property
     def plugin_manager(self) -> pluggy.PluginManager:
@@ -146,6 +149,7 @@ class Host:
         ``pluggy.PluginValidationError`` is raised.
         """
         self._isolated.clear()
+        self._flush_impls = None
         plugin_name = self._pm.register(plugin, name)
         if plugin_name is None:
             return None
@@ -160,6 +164,7 @@ class Host:
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any | None:
         """Unregister a plugin (by object or by name) and all its hook implementations; returns the plugin."""
         self._isolated.clear()
+        self._flush_impls = None
         return self._pm.unregister(plugin, name)
 
     def is_registered(self, plugin: object) -> bool:
@@ -334,14 +339,20 @@ class Host:
         something that is not awaitable) gets an awaitable raising that error, so it keeps its slot.
         Nothing has been awaited yet: the caller runs them (concurrently) and must await every one.
         """
-        impls = sorted(
-            self._pm.hook.session_flush.get_hookimpls(),
-            key=lambda impl: self._registration_index.get(impl.plugin_name, sys.maxsize),
-        )
+        impls = self._flush_impls
+        if impls is None:
+            ordered = sorted(
+                self._pm.hook.session_flush.get_hookimpls(),
+                key=lambda impl: self._registration_index.get(impl.plugin_name, sys.maxsize),
+            )
+            impls = self._flush_impls = tuple(
+                (impl.function, tuple(impl.argnames), impl.plugin_name) for impl in ordered
+            )
         awaitables: list[Awaitable[object]] = []
-        for impl in impls:
+        for function, argnames, plugin_name in impls:
             try:
-                result = _invoke(impl, {"host": self, "session": session})
+                # _invoke inlined, on the resolved implementation (this runs per barrier).
+                result = function(*[self if name == "host" else session for name in argnames])
             except Exception as exc:
                 awaitables.append(_Settled(exc))
                 continue
@@ -353,7 +364,7 @@ class Host:
                 awaitables.append(
                     _Settled(
                         TypeError(
-                            f"session_flush of plugin {impl.plugin_name!r} returned "
+                            f"session_flush of plugin {plugin_name!r} returned "
                             f"{type(result).__name__}, expected an awaitable or None"
                         )
                     )

@@ -409,6 +409,9 @@ class SessionStore:
         """
         self._require_live(session)
         awaitables = self._host.session_flush(session)
+        if len(awaitables) == 1:
+            await awaitables[0]  # one implementation (one persistence backend): its own outcome, nothing to gather
+            return True
         if not awaitables:
             return False
         errors = await gather_settled(awaitables)
