@@ -201,16 +201,24 @@ class _Pool:
         ready = self.ready
         me = _Worker()
         me.thread = threading.current_thread()
+        finished: _Job | None = None  # the job just run, reported once this thread is seen idle or busy again
+        lock.acquire()
         while True:
-            lock.acquire()
             while not ready:
                 # The decision to end is taken under the lock a submit takes: a job is never stranded.
                 if self.stopping:
                     self.threads.discard(me.thread)
                     lock.release()
+                    if finished is not None:
+                        finished.finish()
                     return
                 self.idle.append(me)
                 lock.release()
+                if finished is not None:
+                    # Reported only now that this thread is on the idle stack: the caller's next job, submitted
+                    # once it hears of this one, finds the thread asleep and wakes it (no second thread started).
+                    finished.finish()
+                    finished = None
                 woken = me.wake.acquire(True, self.idle_seconds)
                 lock.acquire()
                 if not woken:
@@ -230,18 +238,21 @@ class _Pool:
             key = ready.popleft()
             job = self.keys[key][0]
             lock.release()
+            if finished is not None:
+                finished.finish()
+                finished = None
             try:
                 job.result = job.func(*job.args)
             except BaseException as exc:  # handed to the waiting caller, raised there
                 job.error = exc
-            with lock:
-                queue = self.keys[key]
-                queue.popleft()
-                if queue:
-                    ready.append(key)  # its next job, after every key that was ready before it
-                else:
-                    del self.keys[key]
-            job.finish()
+            lock.acquire()
+            queue = self.keys[key]
+            queue.popleft()
+            if queue:
+                ready.append(key)  # its next job, after every key that was ready before it
+            else:
+                del self.keys[key]
+            finished = job
 
     def stop(self) -> list[threading.Thread]:
         """Ask every thread to end once no job is left; the threads to join."""
