@@ -211,15 +211,16 @@ class JsonlCore:
     def _submit_write(
         self,
         header: SessionHeader,
+        path: str,
         action: str,
         func: Callable[..., object],
         args: tuple[Any, ...],
         done: Callable[[BaseException | None], None],
     ) -> None:
         """:meth:`_write` without an await: queue the same durable step on the writer and return; ``done(error)`` is
-        called on the writer thread once it has run (``None``: durable; else the error :meth:`_write` raises)."""
+        called on the writer thread once it has run (``None``: durable; else the error :meth:`_write` raises).
+        ``path``: the session's transcript (``_path_for(header)``, which the caller has computed already)."""
         session_id = header.id
-        path = self._path_for(header)
 
         def finished(_result: object, error: BaseException | None) -> None:
             if isinstance(error, (OSError, MemoryError)) and not isinstance(error, SessionPersistenceError):
