@@ -30,7 +30,7 @@ import inspect
 import itertools
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ import pluggy
 
 from .._model.errors import SessionLifecycleError
 from . import specs as hookspecs
+from .gather import Settled
 from .specs import PROJECT_NAME
 
 if TYPE_CHECKING:
@@ -87,20 +88,6 @@ def _close(obj: object) -> None:
     close = getattr(obj, "close", None)
     if callable(close):
         close()
-
-
-class _Settled:
-    """An awaitable that is already settled: awaiting it returns ``None`` or raises ``error``."""
-
-    __slots__ = ("_error",)
-
-    def __init__(self, error: Exception | None) -> None:
-        self._error = error
-
-    def __await__(self) -> Generator[Any, None, None]:
-        if self._error is not None:
-            raise self._error
-        yield from ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,15 +341,15 @@ class Host:
                 # _invoke inlined, on the resolved implementation (this runs per barrier).
                 result = function(*[self if name == "host" else session for name in argnames])
             except Exception as exc:
-                awaitables.append(_Settled(exc))
+                awaitables.append(Settled(exc))
                 continue
             if result is None:
-                awaitables.append(_Settled(None))
+                awaitables.append(Settled(None))
             elif inspect.isawaitable(result):
                 awaitables.append(result)
             else:
                 awaitables.append(
-                    _Settled(
+                    Settled(
                         TypeError(
                             f"session_flush of plugin {plugin_name!r} returned "
                             f"{type(result).__name__}, expected an awaitable or None"
@@ -373,7 +360,8 @@ class Host:
 
     def has_session_flush(self) -> bool:
         """Whether any plugin implements ``session_flush`` (without one, a flush persists nothing)."""
-        return bool(self._pm.hook.session_flush.get_hookimpls())
+        impls = self._flush_impls  # resolved by the last barrier (a checkpoint policy asks before each one)
+        return bool(impls if impls is not None else self._pm.hook.session_flush.get_hookimpls())
 
     def has_checkpoint_policy(self) -> bool:
         """Whether one registered plugin wraps all three agent boundaries (``agent_pre_step``, ``llm_stream``,
