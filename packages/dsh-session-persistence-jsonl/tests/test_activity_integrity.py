@@ -171,3 +171,25 @@ def test_verify_reports_the_index_state(tmp_path: Path) -> None:
         assert json.loads(report.stdout)["activityIndex"].startswith("damaged"), report.stdout
     index.unlink()
     assert "activity index: missing" in _cli("--root", str(root), "verify").stdout
+
+
+def test_a_session_written_again_after_its_retirement_is_announced_again(tmp_path: Path) -> None:
+    """The journal's per-write check is one look-up while the session is announced; once retired, the next write
+    announces it again (a listing must see that writer), and a lease taken names its lock again."""
+    from dsh.session_persistence_jsonl._files.activity_journal import ActivityJournal, checked
+
+    journal = ActivityJournal(str(tmp_path))
+    transcript = str(tmp_path / "project" / "segment" / "session.jsonl.zstd")
+    for _ in range(3):
+        journal.announce(transcript)  # the first write announces; the next ones write nothing
+    journal.retire(transcript)
+    journal.announce(transcript)
+    journal.announce(transcript, lock_ino=42)
+    journal.announce(transcript)
+    lines = (tmp_path / JOURNAL_NAME).read_bytes().splitlines()[1:]
+    records = [payload.decode().split("\t") for payload in map(checked, lines) if payload is not None]
+    assert len(records) == len(lines)
+    assert [(r[0], r[1]) for r in records] == [("+", "project/segment"), ("-", "project/segment")] + [
+        ("+", "project/segment")
+    ] * 2
+    assert records[-1][-1] == "42"

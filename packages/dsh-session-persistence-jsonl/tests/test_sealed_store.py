@@ -61,6 +61,18 @@ async def test_a_keyless_backend_refuses_plaintext_writes_into_a_sealed_store(tm
     assert sorted(h.id for h in await opted.list()) == ["new", "older", "secret"]
 
 
+async def test_a_marker_in_any_form_refuses_a_keyless_write_even_a_dangling_symlink(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    plain = JsonlBackend(root)
+    first, second = turn_batches(2)
+    await plain.append_batch(storage("s1"), first, False)
+    (root / MARKER).symlink_to(tmp_path / "nowhere")  # a name there is the store's word, whatever it names
+    before = _session_files(root)
+    with pytest.raises(SealedStoreError):
+        await plain.append_batch(storage("s1"), second, True)
+    assert _session_files(root) == before
+
+
 async def test_the_marker_is_written_before_the_first_sealed_session_and_survives_a_fresh_root(tmp_path: Path) -> None:
     root = tmp_path / "fresh"
     await JsonlBackend(root, encryption=provider()).append_batch(storage("s1"), turn_batches(1)[0], False)

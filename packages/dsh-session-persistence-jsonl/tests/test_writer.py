@@ -136,6 +136,39 @@ async def test_aclose_ends_every_thread_and_a_later_job_starts_one_again() -> No
     assert _threads(name) == []
 
 
+async def test_a_sleeping_thread_takes_the_next_job_and_no_thread_is_started_for_it() -> None:
+    name = "dsh-test-reuse"
+    writer = BlockingWriter(4, name=name, idle_seconds=3600)
+    try:
+        for step in range(20):  # one after the other: each finds the thread asleep and wakes it
+            assert await writer.run(f"session-{step % 3}", lambda step=step: step) == step
+        assert len(_threads(name)) == 1
+    finally:
+        await writer.aclose()
+    assert _threads(name) == []
+
+
+async def test_an_idle_thread_ends_and_jobs_racing_its_timeout_all_run() -> None:
+    """A thread ends after ``idle_seconds`` without work; a job submitted as a thread's wait times out is never
+    stranded (the thread either takes it or ends with nobody having chosen it)."""
+    name = "dsh-test-idle"
+    writer = BlockingWriter(2, name=name, idle_seconds=0.001)
+    try:
+        with anyio.fail_after(STUCK):
+            for step in range(200):
+                assert await writer.run(f"session-{step % 2}", lambda step=step: step) == step
+                if step % 7 == 0:
+                    await anyio.sleep(0.001)  # about one idle period: some waits time out as the next job comes
+            # Every thread ends once idle (the threads themselves decide: nothing here to wait on but their end).
+            for thread in _threads(name):
+                await anyio.to_thread.run_sync(thread.join, STUCK)
+        assert _threads(name) == []
+        assert await writer.run("later", lambda: "again") == "again"
+    finally:
+        await writer.aclose()
+    assert _threads(name) == []
+
+
 async def test_a_stalled_job_holds_only_its_own_session() -> None:
     """A session whose step stalls (a slow fsync) holds one thread and its own later steps; every other session's
     steps run on the other thread meanwhile (0.3's fixed lanes held every session hashed to the stalled lane)."""

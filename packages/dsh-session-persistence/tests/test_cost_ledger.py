@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from dsh.session_persistence import Host, MemoryBackend, MemoryStore, PersistenceCoordinator, SessionStore
+from dsh.session_persistence import Host, MemoryBackend, MemoryStore, PersistenceCoordinator, SessionStore, hookimpl
 from dsh.session_persistence.testing import CostLedger
 
 BARRIERS = 25
@@ -49,6 +49,40 @@ async def test_a_steady_state_barrier_costs_no_task_scope_or_event_and_one_hando
         store.dispose(session)
     futures = 0 if ledger.library == "trio" else BARRIERS
     assert counts == {"tasks": 0, "cancel_scopes": 0, "events": 0, "futures": futures, "handoffs": BARRIERS}
+
+
+class _FlushListener:
+    """A second ``session_flush`` plugin that only takes note (returns ``None``): settled before the barrier runs."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def session_flush(self, session: object) -> None:
+        self.calls += 1
+
+
+async def test_a_barrier_beside_a_listener_that_settled_at_once_starts_no_task() -> None:
+    """With a plugin whose ``session_flush`` returns ``None`` beside the coordinator, only one implementation runs:
+    the store awaits it directly (a task group for two would start two tasks per barrier)."""
+    ledger = CostLedger()
+    host = Host()
+    listener = _FlushListener()
+    host.register(listener)
+    store = SessionStore(host)
+    backend = ledger.watch(MemoryBackend(MemoryStore()))
+    async with PersistenceCoordinator(host, backend, write_batch_max_delay_ms=WINDOW_MS):
+        session = store.create("ledger-listener", meta={"cwd": "/w"})
+        await _open_turn(store, session)
+        with ledger.counting():
+            for barrier in range(BARRIERS):
+                _chunk(session, str(barrier))
+                await store.flush(session)
+        counts = ledger.counts()
+        store.dispose(session)
+    futures = 0 if ledger.library == "trio" else BARRIERS
+    assert counts == {"tasks": 0, "cancel_scopes": 0, "events": 0, "futures": futures, "handoffs": BARRIERS}
+    assert listener.calls == BARRIERS + 2
 
 
 async def test_an_appended_event_costs_nothing_but_its_own_work() -> None:

@@ -572,6 +572,22 @@ async def test_flush_awaitables_are_in_registration_order() -> None:
     assert log == ["p3:none", "p1", "p2", "p5", "p6"]
 
 
+@pytest.mark.anyio
+async def test_flush_implementations_follow_every_registration_after_the_first_barrier() -> None:
+    """The barrier's implementations are resolved once, then again after each (un)registration: a plugin registered
+    after a barrier is called by the next one, and an unregistered one is not."""
+    log: list[str] = []
+    host = Host()
+    first = FlushListener(log, "p1")
+    host.register(first)
+    assert [await a for a in host.session_flush(FakeSession())] == ["p1"]  # type: ignore[arg-type]
+    host.register(FlushListener(log, "p2"))
+    assert [await a for a in host.session_flush(FakeSession())] == ["p1", "p2"]  # type: ignore[arg-type]
+    host.unregister(first)
+    assert [await a for a in host.session_flush(FakeSession())] == ["p2"]  # type: ignore[arg-type]
+    assert log == ["p1", "p1", "p2", "p2"]
+
+
 def test_flush_awaitables_without_listeners_is_empty() -> None:
     assert Host().session_flush(FakeSession()) == []  # type: ignore[arg-type]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import anyio.lowlevel
 import pytest
 from dsh.session_persistence._host.fork import SessionForkError
 from dsh.session_persistence._host.host import Host, hookimpl
@@ -381,6 +382,49 @@ async def test_flush_runs_all_and_raises_first_registered(host: Host, store: Ses
     other = Session("detached")
     with pytest.raises(SessionLifecycleError, match='session "detached" is not live in this store'):
         await store.flush(other)
+
+
+@pytest.mark.anyio
+async def test_flush_with_one_running_implementation_still_awaits_it_and_raises_first_registered(
+    host: Host, store: SessionStore
+) -> None:
+    """Implementations that settled when called (``None``, or raised) beside one that runs: the running one is still
+    awaited to its end, and the failure raised is the first-registered one, settled or not."""
+    calls: list[str] = []
+
+    class Settles:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        @hookimpl
+        def session_flush(self, session: Session) -> None:
+            calls.append(f"settled:{self.fail}")
+            if self.fail:
+                raise RuntimeError("settled")
+
+    class Runs:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+
+        @hookimpl
+        def session_flush(self, session: Session) -> Any:
+            async def run() -> None:
+                await anyio.lowlevel.checkpoint()
+                calls.append(f"ran:{self.fail}")
+                if self.fail:
+                    raise RuntimeError("ran")
+
+            return run()
+
+    session = store.create("s")
+    host.register(Settles(False))
+    host.register(Runs(True))
+    with pytest.raises(RuntimeError, match=r"^ran$"):
+        await store.flush(session)
+    host.register(Settles(True))
+    with pytest.raises(RuntimeError, match=r"^ran$"):  # the running one registered before the settled failure
+        await store.flush(session)
+    assert calls == ["settled:False", "ran:True", "settled:False", "settled:True", "ran:True"]
 
 
 def test_dispose(host: Host, store: SessionStore) -> None:

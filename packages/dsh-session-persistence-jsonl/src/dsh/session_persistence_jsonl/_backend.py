@@ -115,7 +115,7 @@ class JsonlWrites:
         await self._core._write(storage.meta, "materializing the session log", self._materialize_sync, storage, ())
 
     def _upgrade_sync(
-        self, storage: StorageMetadata, path: str, batch: builtins.list[SessionEvent], marker: TornTail | None
+        self, storage: StorageMetadata, path: str, batch: Sequence[SessionEvent], marker: TornTail | None
     ) -> None:
         """Rewrite a v0 transcript as v1 with ``batch`` appended (after cutting ``marker``'s torn tail, if any)."""
         data, revision = stable_read(path)
@@ -177,18 +177,21 @@ class JsonlWrites:
         if not events:
             done(None)
             return
-        batch = list(events)
+        core = self._core
+        path = core._path_for(storage.meta)  # once per barrier: the step's own path is the transcript's
+        # The step reads the events later, on the writer: a tuple (the coordinator's) cannot change meanwhile, so it
+        # is handed on as it is; anything else is copied now.
+        batch = events if type(events) is tuple else tuple(events)
         if not is_materialized:
-            self._core._submit_write(
-                storage.meta, "materializing the session log", self._materialize_sync, (storage, batch), done
+            core._submit_write(
+                storage.meta, path, "materializing the session log", self._materialize_sync, (storage, batch), done
             )
             return
-        path = self._core._path_for(storage.meta)
-        self._core._submit_write(
-            storage.meta, "appending to the session log", self._append_sync, (storage, path, batch), done
+        core._submit_write(
+            storage.meta, path, "appending to the session log", self._append_sync, (storage, path, batch), done
         )
 
-    def _append_sync(self, storage: StorageMetadata, path: str, batch: list[SessionEvent]) -> None:
+    def _append_sync(self, storage: StorageMetadata, path: str, batch: Sequence[SessionEvent]) -> None:
         """The worker-thread half of :meth:`append_batch`: check the seq, encode, one durable write."""
         found = self._next_seq_sync(path, storage.meta.id)
         if found is None:

@@ -38,7 +38,7 @@ from ._files.fs import (
 from ._files.held_append import HeldAppender
 from ._files.layout import transcript_path
 from ._files.lease import JsonlWriterLease
-from ._files.sealed_store import is_sealed, mark_sealed
+from ._files.sealed_store import MARKER_NAME, mark_sealed, marker_exists
 from ._files.sealed_store import refusal as sealed_store_refusal
 from ._files.seq_guard import NextSeqCache
 from ._format.bounded import DEFAULT_MAX_BATCH_BYTES
@@ -141,6 +141,7 @@ class JsonlCore:
         self.allow_plaintext = allow_plaintext
         # Whether the root is known to carry the sealed-store marker (it is never taken away by this package).
         self._store_sealed = False
+        self._marker = os.path.join(self.root, MARKER_NAME)  # asked before every write of session data
         # Transcript path -> ((dev, ino), its seal): a replace (compact, rewrite) makes a new inode and a new header.
         self._seals: dict[str, tuple[tuple[int, int], BatchSeal | None]] = {}
         self._preflight_done = False
@@ -210,15 +211,16 @@ class JsonlCore:
     def _submit_write(
         self,
         header: SessionHeader,
+        path: str,
         action: str,
         func: Callable[..., object],
         args: tuple[Any, ...],
         done: Callable[[BaseException | None], None],
     ) -> None:
         """:meth:`_write` without an await: queue the same durable step on the writer and return; ``done(error)`` is
-        called on the writer thread once it has run (``None``: durable; else the error :meth:`_write` raises)."""
+        called on the writer thread once it has run (``None``: durable; else the error :meth:`_write` raises).
+        ``path``: the session's transcript (``_path_for(header)``, which the caller has computed already)."""
         session_id = header.id
-        path = self._path_for(header)
 
         def finished(_result: object, error: BaseException | None) -> None:
             if isinstance(error, (OSError, MemoryError)) and not isinstance(error, SessionPersistenceError):
@@ -251,7 +253,7 @@ class JsonlCore:
         """Before a write of session data: a keyless backend refuses a sealed store (unless it opted out); a keyed
         one marks the store sealed first (a missing root is marked by the materialize that creates it)."""
         if self.encryption is None:
-            if not self.allow_plaintext and (self._store_sealed or is_sealed(self.root)):
+            if not self.allow_plaintext and (self._store_sealed or marker_exists(self._marker)):
                 self._store_sealed = True
                 raise sealed_store_refusal(self.root, session_id)
         elif not self._store_sealed and os.path.isdir(self.root):

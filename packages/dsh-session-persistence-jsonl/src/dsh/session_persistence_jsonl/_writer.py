@@ -138,6 +138,17 @@ def _new_mailbox(loop: object, post: Callable[[Callable[[], None]], object]) -> 
     return box
 
 
+class _Worker:
+    """One pool thread's wake-up: a lock held while the thread sleeps, released by whoever hands it work."""
+
+    __slots__ = ("thread", "wake")
+
+    def __init__(self) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.thread: threading.Thread | None = None
+
+
 class _Pool:
     """Worker threads (at most ``size``) sharing one queue of keys that have work; each key's jobs in order.
 
@@ -145,23 +156,28 @@ class _Pool:
     its queue is empty. A worker takes the next ready key, runs its first job, then puts the key back at the end of
     the ready queue if it has more: one key never has two jobs running, and a job that blocks (an ``fsync`` that
     stalls) holds its own key and one thread, never another key's work while a thread is free.
+
+    The hand-off is one plain lock (the state) and, per sleeping thread, its own wake lock: a submit that finds a
+    thread asleep takes it off the idle stack under the state lock and releases its wake lock, so exactly that
+    thread wakes, and a thread is never woken for nothing (no condition variable: no waiter lock made per wait).
     """
 
-    __slots__ = ("cond", "idle", "idle_seconds", "keys", "name", "ready", "size", "stopping", "threads")
+    __slots__ = ("idle", "idle_seconds", "keys", "lock", "name", "ready", "size", "started", "stopping", "threads")
 
     def __init__(self, size: int, name: str, idle_seconds: float) -> None:
         self.size = size
         self.name = name
         self.idle_seconds = idle_seconds
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
         self.keys: dict[Hashable, deque[_Job]] = {}
         self.ready: deque[Hashable] = deque()
         self.threads: set[threading.Thread] = set()
-        self.idle = 0
+        self.idle: list[_Worker] = []  # sleeping threads, the last to sleep on top (its caches are warm)
+        self.started = 0
         self.stopping = False
 
     def submit(self, key: Hashable, job: _Job) -> None:
-        with self.cond:
+        with self.lock:
             queue = self.keys.get(key)
             if queue is not None:
                 queue.append(job)  # behind the key's earlier jobs; the key is ready or running already
@@ -169,60 +185,95 @@ class _Pool:
             self.keys[key] = deque((job,))
             self.ready.append(key)
             if self.idle:
-                self.cond.notify()
+                worker = self.idle.pop()
             elif len(self.threads) < self.size:
-                thread = threading.Thread(target=self._serve, name=f"{self.name}-{len(self.threads)}", daemon=True)
+                thread = threading.Thread(target=self._serve, name=f"{self.name}-{self.started}", daemon=True)
+                self.started += 1
                 self.threads.add(thread)
                 thread.start()
+                return
+            else:
+                return  # every thread is busy: the first to finish its job takes this key
+        worker.wake.release()  # outside the state lock: the woken thread takes it at once
 
     def _serve(self) -> None:
-        cond = self.cond
-        me = threading.current_thread()
+        lock = self.lock
+        ready = self.ready
+        me = _Worker()
+        me.thread = threading.current_thread()
+        finished: _Job | None = None  # the job just run, reported once this thread is seen idle or busy again
+        lock.acquire()
         while True:
-            with cond:
-                while not self.ready:
-                    # The decision to end is taken under the lock a submit takes: a job is never stranded.
-                    if self.stopping:
-                        self.threads.discard(me)
-                        return
-                    self.idle += 1
-                    woken = cond.wait(self.idle_seconds)
-                    self.idle -= 1
-                    if not woken and not self.ready:
-                        self.threads.discard(me)
-                        return
-                key = self.ready.popleft()
-                job = self.keys[key][0]
+            while not ready:
+                # The decision to end is taken under the lock a submit takes: a job is never stranded.
+                if self.stopping:
+                    self.threads.discard(me.thread)
+                    lock.release()
+                    if finished is not None:
+                        finished.finish()
+                    return
+                self.idle.append(me)
+                lock.release()
+                if finished is not None:
+                    # Reported only now that this thread is on the idle stack: the caller's next job, submitted
+                    # once it hears of this one, finds the thread asleep and wakes it (no second thread started).
+                    finished.finish()
+                    finished = None
+                woken = me.wake.acquire(True, self.idle_seconds)
+                lock.acquire()
+                if not woken:
+                    if me in self.idle:
+                        # Idle for idle_seconds and nobody chose this thread meanwhile: end it.
+                        self.idle.remove(me)
+                        if not ready:
+                            self.threads.discard(me.thread)
+                            lock.release()
+                            return
+                    else:
+                        # A submit chose this thread just as the wait timed out: take its release, so that the
+                        # next sleep does not wake at once.
+                        lock.release()
+                        me.wake.acquire()
+                        lock.acquire()
+            key = ready.popleft()
+            job = self.keys[key][0]
+            lock.release()
+            if finished is not None:
+                finished.finish()
+                finished = None
             try:
                 job.result = job.func(*job.args)
             except BaseException as exc:  # handed to the waiting caller, raised there
                 job.error = exc
-            with cond:
-                queue = self.keys[key]
-                queue.popleft()
-                if queue:
-                    self.ready.append(key)  # its next job, after every key that was ready before it
-                else:
-                    del self.keys[key]
-            job.finish()
+            lock.acquire()
+            queue = self.keys[key]
+            queue.popleft()
+            if queue:
+                ready.append(key)  # its next job, after every key that was ready before it
+            else:
+                del self.keys[key]
+            finished = job
 
     def stop(self) -> list[threading.Thread]:
         """Ask every thread to end once no job is left; the threads to join."""
-        with self.cond:
+        with self.lock:
             self.stopping = True
-            self.cond.notify_all()
-            return list(self.threads)
+            sleeping, self.idle = self.idle, []
+            threads = list(self.threads)
+        for worker in sleeping:
+            worker.wake.release()
+        return threads
 
     def restart_allowed(self) -> None:
-        with self.cond:
+        with self.lock:
             self.stopping = False
 
     def reset_after_fork(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
         self.keys = {}
         self.ready = deque()
         self.threads = set()
-        self.idle = 0
+        self.idle = []
         self.stopping = False
 
 

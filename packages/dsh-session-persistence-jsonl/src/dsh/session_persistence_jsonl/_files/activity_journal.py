@@ -76,13 +76,19 @@ class ActivityJournal:
         self._host = socket.gethostname().replace("\t", " ").replace("\n", " ")
         # rel -> [records written, the lock inode last named]
         self._open: dict[str, list[int]] = {}
+        # transcript -> its rel, while announced and not retired: a write announced already costs one look-up.
+        self._rels: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def announce(self, transcript: str, lock_ino: int = 0) -> None:
         """Before the first write of this instance to the session of ``transcript`` (until it is retired), and
         when it takes the session's writer lease (``lock_ino``: a listing knows that lock as this writer's)."""
+        rel = self._rels.get(transcript)
+        if rel is not None and not lock_ino and rel in self._open:
+            return  # every durable step of an announced session: nothing changed, nothing to write
         rel = session_rel(self.root, transcript)
         with self._lock:
+            self._rels[transcript] = rel
             known = self._open.get(rel)
             if known is not None and (not lock_ino or lock_ino == known[1]):
                 return
@@ -94,11 +100,13 @@ class ActivityJournal:
         if not self._append(f"+\t{rel}\t{os.getpid()}\t{self._host}\t{lock_ino}", announce=True):
             with self._lock:
                 self._open.pop(rel, None)  # announced again before the next write
+                self._rels.pop(transcript, None)
 
     def retire(self, transcript: str) -> None:
         """After the last write of this instance to the session of ``transcript`` (its lease is released)."""
         rel = session_rel(self.root, transcript)
         with self._lock:
+            self._rels.pop(transcript, None)
             known = self._open.pop(rel, None)
         if known is not None:
             self._append(*[f"-\t{rel}\t{os.getpid()}"] * known[0], announce=False)
@@ -106,6 +114,7 @@ class ActivityJournal:
     def retire_all(self) -> None:
         with self._lock:
             known, self._open = self._open, {}
+            self._rels = {}
         if known:
             pid = os.getpid()
             lines = [f"-\t{rel}\t{pid}" for rel, (n, _ino) in sorted(known.items()) for _ in range(n)]

@@ -18,7 +18,7 @@ from dsh.session_persistence.backend import SessionKeyError
 
 from .fs import fsync_dir, publish_exclusive
 
-__all__ = ["MARKER_NAME", "SealedStoreError", "is_sealed", "mark_sealed", "refusal"]
+__all__ = ["MARKER_NAME", "SealedStoreError", "is_sealed", "mark_sealed", "marker_exists", "refusal"]
 
 MARKER_NAME = ".dsh-sealed"
 _MARKER_TEXT = b'{"dsh":"sealed-store","v":1}\n'
@@ -34,11 +34,15 @@ class SealedStoreError(SessionKeyError):
 
 def is_sealed(root: str) -> bool:
     """Whether ``root`` carries the marker (in any form: a name there is the store's word, never ignored)."""
-    try:
-        os.lstat(os.path.join(root, MARKER_NAME))
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    return True
+    return marker_exists(os.path.join(root, MARKER_NAME))
+
+
+def marker_exists(marker: str) -> bool:
+    """Whether the name ``marker`` (the path of a root's marker) exists, whatever it names (a dangling symlink
+    too): one ``faccessat`` (``F_OK``, not following a symlink), no ``stat`` result or exception made, since every
+    write of session data asks. A root that cannot be searched answers no here, and the write it guards then fails
+    at its own look-up of the transcript under that root."""
+    return os.access(marker, os.F_OK, follow_symlinks=False)
 
 
 def mark_sealed(root: str) -> None:

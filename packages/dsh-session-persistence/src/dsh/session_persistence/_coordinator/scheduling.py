@@ -8,6 +8,7 @@ Keeping timers behind :class:`Scheduler` lets tests drive time by hand on both a
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -15,6 +16,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeAlias
 
 import anyio
+
+from .waits import current_library
 
 __all__ = [
     "ManualScheduler",
@@ -95,10 +98,15 @@ class TaskGroupScheduler:
         self._running = False
         self._target: float | None = None
         self._wake: anyio.CancelScope | None = None
+        self._clock: Callable[[], float] | None = None
 
     def now_ms(self) -> float:
-        """Event-loop clock in milliseconds (``anyio.current_time()``)."""
-        return anyio.current_time() * 1000.0
+        """Event-loop clock in milliseconds (``anyio.current_time()``: the running loop's own clock, looked up once,
+        since a window is armed per durable batch)."""
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = _loop_clock()
+        return clock() * 1000.0
 
     def call_later(self, delay_ms: int, callback: Callable[[], None]) -> TimerHandle:
         """Arm ``callback`` to run once ``delay_ms`` from now on the timer task, unless cancelled first."""
@@ -153,6 +161,15 @@ class TaskGroupScheduler:
             self._running = False
             self._target = None
             self._wake = None
+
+
+def _loop_clock() -> Callable[[], float]:
+    """The running event loop's clock in seconds: what ``anyio.current_time()`` reads, without its per-call lookup."""
+    if current_library() == "trio":
+        import trio
+
+        return trio.current_time
+    return asyncio.get_running_loop().time
 
 
 class ManualTimer:

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Generator, Sequence
+from typing import Any
 
 import anyio
 
-__all__ = ["gather_settled"]
+__all__ = ["Settled", "gather_settled"]
+
+
+class Settled:
+    """An awaitable that is already settled: awaiting it returns ``None`` or raises ``error``, never suspending."""
+
+    __slots__ = ("_error",)
+
+    def __init__(self, error: Exception | None) -> None:
+        self._error = error
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self._error is not None:
+            raise self._error
+        yield from ()
 
 
 async def gather_settled(awaitables: Sequence[Awaitable[object]]) -> list[Exception | None]:

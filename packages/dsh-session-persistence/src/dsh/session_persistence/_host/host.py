@@ -30,7 +30,7 @@ import inspect
 import itertools
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ import pluggy
 
 from .._model.errors import SessionLifecycleError
 from . import specs as hookspecs
+from .gather import Settled
 from .notify import close_quietly, event_call, report_result
 from .specs import PROJECT_NAME
 
@@ -84,20 +85,6 @@ def _invoke(impl: pluggy.HookImpl, kwargs: Mapping[str, object]) -> object:
     return impl.function(*[kwargs[name] for name in impl.argnames])
 
 
-class _Settled:
-    """An awaitable that is already settled: awaiting it returns ``None`` or raises ``error``."""
-
-    __slots__ = ("_error",)
-
-    def __init__(self, error: Exception | None) -> None:
-        self._error = error
-
-    def __await__(self) -> Generator[Any, None, None]:
-        if self._error is not None:
-            raise self._error
-        yield from ()
-
-
 @dataclass(frozen=True, slots=True)
 class PluginDistribution:
     """The installed distribution an entry-point plugin came from."""
@@ -126,6 +113,9 @@ class Host:
         self._isolated: dict[str, tuple[tuple[Callable[..., object], tuple[str, ...], str], ...]] = {}
         # The same for ``session_event`` (once per appended event), each implementation as a (session, event) callable.
         self._event_impls: tuple[tuple[Callable[[Session, SessionEvent], object], str], ...] | None = None
+        # The session_flush implementations in registration order (function, argument names, plugin name): resolved
+        # on the first barrier and dropped by every (un)registration, so a barrier neither sorts nor copies.
+        self._flush_impls: tuple[tuple[Callable[..., object], tuple[str, ...], str], ...] | None = None
 
     @property
     def plugin_manager(self) -> pluggy.PluginManager:
@@ -163,6 +153,7 @@ class Host:
         # Every registration change drops the resolved per-hook lists (rebuilt on the next call).
         self._isolated.clear()
         self._event_impls = None
+        self._flush_impls = None
 
     def is_registered(self, plugin: object) -> bool:
         """Whether ``plugin`` is registered."""
@@ -352,26 +343,32 @@ class Host:
         something that is not awaitable) gets an awaitable raising that error, so it keeps its slot.
         Nothing has been awaited yet: the caller runs them (concurrently) and must await every one.
         """
-        impls = sorted(
-            self._pm.hook.session_flush.get_hookimpls(),
-            key=lambda impl: self._registration_index.get(impl.plugin_name, sys.maxsize),
-        )
+        impls = self._flush_impls
+        if impls is None:
+            ordered = sorted(
+                self._pm.hook.session_flush.get_hookimpls(),
+                key=lambda impl: self._registration_index.get(impl.plugin_name, sys.maxsize),
+            )
+            impls = self._flush_impls = tuple(
+                (impl.function, tuple(impl.argnames), impl.plugin_name) for impl in ordered
+            )
         awaitables: list[Awaitable[object]] = []
-        for impl in impls:
+        for function, argnames, plugin_name in impls:
             try:
-                result = _invoke(impl, {"host": self, "session": session})
+                # _invoke inlined, on the resolved implementation (this runs per barrier).
+                result = function(*[self if name == "host" else session for name in argnames])
             except Exception as exc:
-                awaitables.append(_Settled(exc))
+                awaitables.append(Settled(exc))
                 continue
             if result is None:
-                awaitables.append(_Settled(None))
+                awaitables.append(Settled(None))
             elif inspect.isawaitable(result):
                 awaitables.append(result)
             else:
                 awaitables.append(
-                    _Settled(
+                    Settled(
                         TypeError(
-                            f"session_flush of plugin {impl.plugin_name!r} returned "
+                            f"session_flush of plugin {plugin_name!r} returned "
                             f"{type(result).__name__}, expected an awaitable or None"
                         )
                     )
@@ -380,7 +377,8 @@ class Host:
 
     def has_session_flush(self) -> bool:
         """Whether any plugin implements ``session_flush`` (without one, a flush persists nothing)."""
-        return bool(self._pm.hook.session_flush.get_hookimpls())
+        impls = self._flush_impls  # resolved by the last barrier (a checkpoint policy asks before each one)
+        return bool(impls if impls is not None else self._pm.hook.session_flush.get_hookimpls())
 
     def has_checkpoint_policy(self) -> bool:
         """Whether one registered plugin wraps all three agent boundaries (``agent_pre_step``, ``llm_stream``,

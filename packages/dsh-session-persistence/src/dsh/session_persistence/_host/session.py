@@ -40,7 +40,7 @@ from .._model.repair import has_open_turn
 from .._model.validator import TurnValidator, validate_turns
 from .._wire.codec import build_event, decode_event, event_to_builtins
 from .fork import SessionForkError, fork_seed
-from .gather import gather_settled
+from .gather import Settled, gather_settled
 from .reconcile import substitute_finding
 
 if TYPE_CHECKING:
@@ -409,8 +409,24 @@ class SessionStore:
         """
         self._require_live(session)
         awaitables = self._host.session_flush(session)
+        if len(awaitables) == 1:
+            await awaitables[0]  # one implementation (one persistence backend): its own outcome, nothing to gather
+            return True
         if not awaitables:
             return False
+        if sum(type(awaitable) is not Settled for awaitable in awaitables) <= 1:
+            # Every implementation but at most one has settled already (it returned None or raised): awaiting them in
+            # order is awaiting them concurrently, and no task is started for the one that runs.
+            first: Exception | None = None
+            for awaitable in awaitables:
+                try:
+                    await awaitable
+                except Exception as exc:
+                    if first is None:
+                        first = exc
+            if first is not None:
+                raise first
+            return True
         errors = await gather_settled(awaitables)
         for error in errors:
             if error is not None:
