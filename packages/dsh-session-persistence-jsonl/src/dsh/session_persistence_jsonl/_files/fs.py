@@ -150,7 +150,10 @@ def ensure_dir_chain(root: str, *children: str) -> str:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    written = os.write(fd, data)
+    if written == len(data):
+        return  # the usual case: a regular file takes a batch in one write
+    view = memoryview(data)[written:]
     while view:
         written = os.write(fd, view)
         view = view[written:]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -285,8 +285,13 @@ class LivePath:
         if fresh:
             await core.writes.append_settled(session_id, state, fresh, own_task=True)
 
-    async def flush(self, session: Session) -> None:
-        """Coordinator flush: initialization first, then the controller's quiescence barrier."""
+    def flush(self, session: Session) -> Awaitable[None]:
+        """Coordinator flush: initialization first, then the controller's quiescence barrier.
+
+        Not a coroutine of its own: once the Session is bound (every barrier but its first) the awaitable is the
+        controller's barrier itself, one coroutine less to start and resume per barrier. What it refuses (a Session
+        not registered, a failed initialization) it raises here, at the caller's ``await``.
+        """
         live = self.live.get(session)
         if live is None:
             store = self.core.host.sessions
@@ -294,12 +299,17 @@ class LivePath:
                 raise SessionPersistenceError(f'session "{session.id}" is not registered for persistence')
             live = self.ensure_live(session)
         live.writes.cancel_automatic_wait()
-        if not live.init.settled():
-            try:
-                await live.init.wait()
-            except BaseException:
-                live.writes.cancel_automatic_wait()
-                raise
+        if live.init.settled():
+            return live.writes.flush()
+        return self._flush_after_init(live)
+
+    @staticmethod
+    async def _flush_after_init(live: Live) -> None:
+        try:
+            await live.init.wait()
+        except BaseException:
+            live.writes.cancel_automatic_wait()
+            raise
         await live.writes.flush()
 
     async def load_live(self, session: Session) -> SessionInspection:
