@@ -125,7 +125,17 @@ class _Group:
                 job.error.__cause__ = args[-1]  # as the single write's ``raise ... from`` the connection's error
 
     def _attempt(self, conn: Conn, jobs: Sequence[GroupJob]) -> list[tuple[Any, ...]]:
+        """One attempt: the group's outcome rows (id, stored, next_seq, same seal), one per job."""
         sql = self._store.statements
+        if len(jobs) == 1:
+            # A group of one (most groups at a low rate) sends the single append: the same compare-and-sets and
+            # insert, and half the server's planning of the group statement.
+            (job,) = jobs
+            sealed = job.sealed
+            assert sealed is not None
+            params = {"id": job.session_id, "first": job.first, "n": len(sealed.seqs), "seal": job.seal_id}
+            ((result,),) = self._store.transaction(conn, "BEGIN", [(sql.append, {**params, **sealed.params()})])
+            return [(job.session_id, result[0] == 1, result[2], result[3])]
         (rows,) = self._store.transaction(conn, "BEGIN", [(sql.append_group, _group_params(jobs))])
         return rows
 
