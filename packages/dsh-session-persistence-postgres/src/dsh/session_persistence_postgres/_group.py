@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from ._abandon import WriteChains
+from ._arrays import bigint_array, bool_array, bytea_array, text_array
 from ._connections import Conn, Lost, NotSent
 from ._core import (
     SeqMismatchError,
@@ -124,32 +125,18 @@ class _Group:
                 job.error.__cause__ = args[-1]  # as the single write's ``raise ... from`` the connection's error
 
     def _attempt(self, conn: Conn, jobs: Sequence[GroupJob]) -> list[tuple[Any, ...]]:
-        params: dict[str, list[Any]] = {
-            "ids": [],
-            "firsts": [],
-            "ns": [],
-            "seals": [],
-            "sids": [],
-            "seqs": [],
-            "flags": [],
-            "bodies": [],
-            "key_ids": [],
-            "nonces": [],
-        }
-        for job in jobs:
+        """One attempt: the group's outcome rows (id, stored, next_seq, same seal), one per job."""
+        sql = self._store.statements
+        if len(jobs) == 1:
+            # A group of one (most groups at a low rate) sends the single append: the same compare-and-sets and
+            # insert, and half the server's planning of the group statement.
+            (job,) = jobs
             sealed = job.sealed
             assert sealed is not None
-            params["ids"].append(job.session_id)
-            params["firsts"].append(job.first)
-            params["ns"].append(len(sealed.seqs))
-            params["seals"].append(job.seal_id)
-            params["sids"] += [job.session_id] * len(sealed.seqs)
-            params["seqs"] += sealed.seqs
-            params["flags"] += sealed.flags
-            params["bodies"] += sealed.bodies
-            params["key_ids"] += sealed.key_ids
-            params["nonces"] += sealed.nonces
-        (rows,) = self._store.transaction(conn, "BEGIN", [(self._store.statements.append_group, params)])
+            params = {"id": job.session_id, "first": job.first, "n": len(sealed.seqs), "seal": job.seal_id}
+            ((result,),) = self._store.transaction(conn, "BEGIN", [(sql.append, {**params, **sealed.params()})])
+            return [(job.session_id, result[0] == 1, result[2], result[3])]
+        (rows,) = self._store.transaction(conn, "BEGIN", [(sql.append_group, _group_params(jobs))])
         return rows
 
     def _outcomes(self, jobs: Sequence[GroupJob], rows: Sequence[tuple[Any, ...]], deadline: float) -> None:
@@ -247,6 +234,45 @@ class _Group:
                 self._store.append(job.storage, job.rows, job.first, False, after_unknown=self._in_doubt is not None)
             except SessionPersistenceError as exc:
                 job.error = exc
+
+
+def _group_params(jobs: Sequence[GroupJob]) -> dict[str, str]:
+    """The group statement's parameters: one entry per batch, one per row, each array as its literal's text."""
+    ids: list[str] = []
+    firsts: list[int] = []
+    ns: list[int] = []
+    seals: list[str | None] = []
+    sids: list[str] = []
+    seqs: list[int] = []
+    flags: list[bool] = []
+    bodies: list[bytes] = []
+    key_ids: list[str | None] = []
+    nonces: list[bytes | None] = []
+    for job in jobs:
+        sealed = job.sealed
+        assert sealed is not None
+        ids.append(job.session_id)
+        firsts.append(job.first)
+        ns.append(len(sealed.seqs))
+        seals.append(job.seal_id)
+        sids += [job.session_id] * len(sealed.seqs)
+        seqs += sealed.seqs
+        flags += sealed.flags
+        bodies += sealed.bodies
+        key_ids += sealed.key_ids
+        nonces += sealed.nonces
+    return {
+        "ids": text_array(ids),
+        "firsts": bigint_array(firsts),
+        "ns": bigint_array(ns),
+        "seals": text_array(seals),
+        "sids": text_array(sids),
+        "seqs": bigint_array(seqs),
+        "flags": bool_array(flags),
+        "bodies": bytea_array(bodies),
+        "key_ids": text_array(key_ids),
+        "nonces": bytea_array(nonces),
+    }
 
 
 def _typed_refusal(session_id: str, refusal: SessionStorageError) -> SessionPersistenceError:

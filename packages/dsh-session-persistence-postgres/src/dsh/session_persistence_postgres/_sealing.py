@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._arrays import bigint_array, bool_array, bytea_array, text_array
 from ._core import (
     KeyProvider,
     SessionDecryptError,
@@ -93,12 +94,13 @@ class SealedRows:
     nonces: list[bytes | None]
 
     def params(self) -> dict[str, Any]:
+        """The statement parameters: each array as its literal's text (see :mod:`._arrays`)."""
         return {
-            "seqs": self.seqs,
-            "flags": self.flags,
-            "bodies": self.bodies,
-            "key_ids": self.key_ids,
-            "nonces": self.nonces,
+            "seqs": bigint_array(self.seqs),
+            "flags": bool_array(self.flags),
+            "bodies": bytea_array(self.bodies),
+            "key_ids": text_array(self.key_ids),
+            "nonces": bytea_array(self.nonces),
         }
 
 
