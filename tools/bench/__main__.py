@@ -11,7 +11,8 @@ Figures: see ``docs/benchmarks.md``. A package run as a directory (``python tool
 the options and runs the sections, one module each (``bench_writes``: 1 and 6, ``bench_commits``: 2 and 8,
 ``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10,
 ``bench_sealed``: 11, ``bench_fleet``: 12, ``bench_reads``: ``--reads-only``; ``bench_targets``: the table of
-issue #24's targets a full run ends with); Python puts this directory first on ``sys.path`` when it runs it, which is how they import each other.
+issue #24's targets a full run ends with); Python puts this directory first on ``sys.path`` when it runs it, which
+is how they import each other.
 """
 
 from __future__ import annotations
