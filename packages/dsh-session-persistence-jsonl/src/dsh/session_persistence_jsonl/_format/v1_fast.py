@@ -35,7 +35,6 @@ __all__ = ["Span", "Walk", "clean_span"]
 _OWN = ZSTD_DECLARATION_SIZE - 4
 _unpack_whole = _ZSTD_WHOLE.unpack_from  # fixed prefix (one integer), first seq, count, length, data CRC, own CRC
 _u32 = struct.Struct("<I").unpack_from
-_batch_part = struct.Struct("<QI").pack
 _crc32 = zlib.crc32
 _LF = 0x0A
 _AEAD_CODE = 1
@@ -88,11 +87,14 @@ def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) ->
     is under a key id other than the first's or one the walk has not fetched yet, or fails authentication.
 
     Read in place: the nonces and ciphertexts are views of the read buffer (only key ids are copied out)."""
-    key_id: str | None = None
+    key_id: bytes | None = None
     seals: list[tuple[memoryview, memoryview, bytes]] = []
+    append = seals.append
+    startswith = buf.startswith
+    associated = struct.Struct(f"<{len(seal.log_part)}sQI").pack  # what every seal of the log shares, then its own
     log_part = seal.log_part
     for first_seq, count, start, end in batches:
-        if end - start < _SEAL_MIN or not buf.startswith(SEAL_FRAME_MAGIC, start) or buf[end - 1] != _LF:
+        if end - start < _SEAL_MIN or not startswith(SEAL_FRAME_MAGIC, start) or buf[end - 1] != _LF:
             break
         if _u32(buf, start + 4)[0] != end - start - 8 or buf[start + 8] != _AEAD_CODE:
             break
@@ -100,13 +102,12 @@ def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) ->
         nonce_end = id_end + NONCE_BYTES
         if end < nonce_end + TAG_BYTES + 1:
             break
-        batch_key = buf[start + 10 : id_end].decode("ascii", "replace")
         if key_id is None:
-            key_id = batch_key
-        if batch_key != key_id:
-            break
-        seals.append((view[id_end:nonce_end], view[nonce_end : end - 1], log_part + _batch_part(first_seq, count)))
-    key = None if key_id is None else seal.fetched_key(key_id)
+            key_id = buf[start + 10 : id_end]
+        elif buf[start + 9] != len(key_id) or not startswith(key_id, start + 10):
+            break  # another key id: the general walk (which fetches keys) takes it from here
+        append((view[id_end:nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
+    key = None if key_id is None else seal.fetched_key(key_id.decode("ascii", "replace"))
     return [] if key is None else open_sealed_many(key, seals)
 
 
