@@ -242,7 +242,7 @@ class TurnValidator:
                 return False
             expected = seq + 1
             kind = type(event)
-            if kind is AssistantChunk:
+            if type(event) is AssistantChunk:  # (not `kind is`: that does not narrow the event's type)
                 data = event.data
                 # What check() does for a chunk in the passing case (seq order holds: the seqs are contiguous).
                 if (
