@@ -26,7 +26,7 @@ import zstandard
 from dsh.session_persistence.backend import SessionEvent, StorageLineError, decode_storage_lines_from
 from dsh.session_persistence.encryption import open_sealed_many
 
-from .bounded import _content_size
+from .bounded import _FCS_BYTES
 from .sealed import NONCE_BYTES, SEAL_FRAME_MAGIC, TAG_BYTES, BatchSeal
 from .v1_declarations import _ZSTD_FIXED_INT, _ZSTD_WHOLE, ZSTD_DECLARATION_SIZE
 
@@ -39,6 +39,8 @@ _crc32 = zlib.crc32
 _LF = 0x0A
 _AEAD_CODE = 1
 _SEAL_MIN = 10 + NONCE_BYTES + TAG_BYTES + 1
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_DID_BYTES = (0, 1, 2, 4)  # dictionary id field width, by the frame header descriptor's low two bits
 
 
 class Walk(Protocol):
@@ -111,6 +113,22 @@ def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) ->
     return [] if key is None else open_sealed_many(key, seals)
 
 
+def _pledged(buf: bytes, at: int, end: int) -> int | None:
+    """:func:`~.bounded._content_size` of the frame at ``buf[at:end]``, read in place (same answer, no slice)."""
+    if end - at < 6 or not buf.startswith(_ZSTD_MAGIC, at):
+        return None
+    fhd = buf[at + 4]
+    single = fhd & 0x20
+    width = _FCS_BYTES[fhd >> 6] or (1 if single else 0)
+    if width == 0:
+        return None
+    start = at + 5 + (0 if single else 1) + _DID_BYTES[fhd & 0x03]
+    if end < start + width:
+        return None
+    size = int.from_bytes(buf[start : start + width], "little")
+    return size + 256 if width == 2 else size
+
+
 def clean_span(
     buf: bytes,
     view: memoryview,
@@ -127,20 +145,20 @@ def clean_span(
     ``walk`` gives the cap, the seal and the decompressor; the plaintexts are kept only with ``keep_texts``."""
     cap, seal, dctx = walk.cap, walk.seal, walk.dctx
     declared = _declared(buf, view, pos, stop, expected, from_seq, cap)
-    inners: Sequence[bytes | memoryview]
+    frames: Sequence[tuple[bytes, int, int]]  # each frame as (buffer, start, end): in place, or an opened seal
     if seal is None:
-        inners = [view[start:end] for _first, _count, start, end in declared]
+        frames = [(buf, start, end) for _first, _count, start, end in declared]
     else:
-        inners = _opened(seal, buf, view, declared)
+        frames = [(inner, 0, len(inner)) for inner in _opened(seal, buf, view, declared)]
     batches: list[list[SessionEvent]] = []
     ends: list[int] = []
     plaintexts: list[bytes] = []
-    for (first_seq, count, _start, end), inner in zip(declared, inners, strict=False):
-        pledged = _content_size(inner)
+    for (first_seq, count, _start, end), (frame, at, stop_at) in zip(declared, frames, strict=False):
+        pledged = _pledged(frame, at, stop_at)
         if pledged is None or not 0 < pledged <= cap:
             break
         try:
-            plaintext = dctx.decompress(inner)
+            plaintext = dctx.decompress(view[at:stop_at] if frame is buf else frame)
         except zstandard.ZstdError:
             break
         if len(plaintext) != pledged or plaintext[-1] != _LF:
