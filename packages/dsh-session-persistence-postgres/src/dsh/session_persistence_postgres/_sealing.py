@@ -203,19 +203,16 @@ class RowSealer:
         walks them row by row, naming the first defect). Same plaintexts and errors as :meth:`open_rows`."""
         if not rows:
             return []
-        seqs, flags, bodies, key_ids, nonces = zip(*rows, strict=True)
-        key_id = key_ids[0]
-        if key_id is None or None in nonces or key_ids.count(key_id) != len(key_ids):
+        key_id = rows[0][3]
+        if key_id is None or any(row[3] != key_id or row[4] is None for row in rows):
             return None
-        key = self._key(session_id, str(key_id), f"the event at seq {seqs[0]}")
+        key = self._key(session_id, str(key_id), f"the event at seq {rows[0][0]}")
         pack = struct.Struct(f"<{len(shared)}sQc").pack
-        ads = [
-            pack(shared, int(seq), b"z" if compressed else b"n") for seq, compressed in zip(seqs, flags, strict=True)
-        ]
-        opened = open_sealed_many(key, zip(nonces, bodies, ads, strict=True))
+        seals = ((nonce, body, pack(shared, int(seq), b"z" if flag else b"n")) for seq, flag, body, _k, nonce in rows)
+        opened = open_sealed_many(key, seals)
         if len(opened) < len(rows):
             raise SessionDecryptError(
-                f'session "{session_id}": the event at seq {seqs[len(opened)]} fails authentication under key '
+                f'session "{session_id}": the event at seq {rows[len(opened)][0]} fails authentication under key '
                 f'"{key_id}": the key is wrong, or the row was altered or moved'
             )
         return opened
