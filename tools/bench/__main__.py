@@ -10,8 +10,9 @@ and reports medians and ratios of medians::
 Figures: see ``docs/benchmarks.md``. A package run as a directory (``python tools/bench``): this ``__main__`` parses
 the options and runs the sections, one module each (``bench_writes``: 1 and 6, ``bench_commits``: 2 and 8,
 ``bench_load``: 3, ``bench_barrier``: 4 and 5, ``bench_pg``: 7, ``bench_big``: 9, ``bench_loop``: 10,
-``bench_sealed``: 11, ``bench_fleet``: 12; ``bench_targets``: the table of issue #24's targets a full run ends
-with); Python puts this directory first on ``sys.path`` when it runs it, which is how they import each other.
+``bench_sealed``: 11, ``bench_fleet``: 12, ``bench_reads``: ``--reads-only``; ``bench_targets``: the table of
+issue #24's targets a full run ends with); Python puts this directory first on ``sys.path`` when it runs it, which
+is how they import each other.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bench_load import _load_child, load_section
 from bench_loop import loop_section
 from bench_peers import peer_status
 from bench_pg import _pg_writer_child, postgres_section
+from bench_reads import reads_section
 from bench_sealed import sealed_section
 from bench_targets import print_targets, target_rows
 from bench_writes import size_section, write_section
@@ -57,6 +59,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if args.fleet_pg_only:
             run_fleet_pg(args, report)
             f["table"] = [list(r) for r in report.rows]
+            return f
+        if args.reads_only:
+            await reads_section(args, cfg, report, scratch)
+            f["table"] = [list(r) for r in report.rows]
+            print_targets([r for r in target_rows(f) if r.figure.startswith("#35") and r.value is not None])
             return f
         if args.commits_only:
             f["peers"] = (
@@ -139,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         "--commits-only",
         action="store_true",
         help="only the commit workload and the agent loop (sections 2 and 10)",
+    )
+    parser.add_argument(
+        "--reads-only",
+        action="store_true",
+        help="only issue #35's reads: reload, load, sealed JSONL reload, sealed PostgreSQL load (bench_reads)",
     )
     parser.add_argument(
         "--big", action="store_true", help="also the 1,000,000-event session: bounded-memory reads (section 9)"

@@ -160,3 +160,46 @@ def test_fleet_reports_every_system_rate_and_loop(figures: dict[str, Any]) -> No
                 assert cell["p99_ms"] >= cell["p50_ms"]
             assert isinstance(fleet["ratios"][f"{loop}/{rate}/n={n} dsh/floor p99"], float)
     assert not any(key.endswith(("sqlite_file", "sqlite_shared")) for key in fleet["cells"])
+
+
+def test_reads_only_measures_the_read_figures_and_their_targets(tmp_path: Path) -> None:
+    # --reads-only: issue #35's read figures under the keys a full run uses, so the targets table reads them.
+    out = tmp_path / "reads.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--quick",
+            "--reads-only",
+            "--no-postgres",
+            "--json",
+            str(out),
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,  # a hang guard, never a timing check (~10 s)
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result: dict[str, Any] = json.loads(out.read_text())
+    for path in (
+        ("commit", "reload_ms", "dsh"),
+        ("commit", "reload_ms", "raw"),
+        ("commit", "ratio", "reload_dsh_vs_raw"),
+        ("commit", "ratio", "resume_after_preview_vs_reload"),
+        ("load", "10MB", "ratio"),
+        ("load", "100MB", "ratio"),
+        ("sealed", "reload_ms", "sealed"),
+        ("sealed", "ratio", "reload_sealed_vs_plaintext"),
+    ):
+        value: Any = result
+        for key in path:
+            value = value[key]
+        assert _positive(value), f"{'.'.join(path)} = {value!r}"
+    assert "write_events_per_s" not in result and "fleet" not in result  # nothing but reads was measured
+    rows = [line.strip() for line in proc.stdout.splitlines()]
+    assert any(row.startswith("#35 reload dsh/raw decode") for row in rows)
+    assert not any(row.startswith("#34") for row in rows)  # the commit path's targets are not measured here
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reads.json"]

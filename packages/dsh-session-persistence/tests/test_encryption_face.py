@@ -15,6 +15,7 @@ from dsh.session_persistence.encryption import (
     SessionKeyError,
     StaticKeyProvider,
     open_sealed,
+    open_sealed_many,
     seal,
 )
 
@@ -33,6 +34,39 @@ def test_a_seal_opens_only_with_its_key_nonce_and_associated_data() -> None:
     assert open_sealed(KEY, nonce[:4], sealed, b"place") is None  # a truncated nonce: refused, not a ValueError
     assert open_sealed(KEY, nonce, sealed[: TAG_BYTES - 1], b"place") is None
     assert seal(KEY, b"x", b"")[0] != seal(KEY, b"x", b"")[0]  # a fresh random nonce each time
+
+
+def test_many_seals_open_in_one_pass_and_stop_at_the_first_that_fails() -> None:
+    places = [b"place %d" % i for i in range(5)]
+    seals = [(*seal(KEY, b"text %d" % i, places[i]), places[i]) for i in range(5)]
+    assert open_sealed_many(KEY, seals) == [b"text %d" % i for i in range(5)]
+    buffer = b"".join(nonce + sealed for nonce, sealed, _ in seals)  # views of one buffer open without a copy
+    views, at = [], 0
+    for nonce, sealed, place in seals:
+        views.append(
+            (
+                memoryview(buffer)[at : at + NONCE_BYTES],
+                memoryview(buffer)[at + NONCE_BYTES : at + len(nonce) + len(sealed)],
+                place,
+            )
+        )
+        at += len(nonce) + len(sealed)
+    assert open_sealed_many(KEY, views) == [b"text %d" % i for i in range(5)]
+    # each way a seal fails, at index 2: the result stops there, and matches open_sealed seal by seal
+    nonce, sealed, place = seals[2]
+    for bad in (
+        (nonce, sealed, b"other place"),
+        (bytes(NONCE_BYTES), sealed, place),
+        (nonce, sealed[:-1] + bytes([sealed[-1] ^ 1]), place),
+        (nonce[:4], sealed, place),
+        (nonce, sealed[: TAG_BYTES - 1], place),
+    ):
+        assert open_sealed(KEY, *bad) is None
+        assert open_sealed_many(KEY, [*seals[:2], bad, *seals[3:]]) == [b"text 0", b"text 1"]
+    assert open_sealed_many(bytes(KEY_BYTES), seals) == []
+    assert open_sealed_many(KEY, []) == []
+    with pytest.raises(SessionKeyError, match="exactly 32 bytes"):
+        open_sealed_many(KEY[:16], seals)
 
 
 def test_a_key_of_the_wrong_size_is_refused_typed() -> None:

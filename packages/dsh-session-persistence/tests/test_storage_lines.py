@@ -216,6 +216,11 @@ def _surface(seq: int, **override: Any) -> dict[str, Any]:
     return event
 
 
+def _continue(seq: int) -> dict[str, Any]:
+    """A ``turn/continue`` without its ``ignorable`` mark (a type older readers do not know must carry it)."""
+    return {"type": "turn/continue", "seq": seq, "time": 1, "data": {"turn": 2, "interruptedTurn": 1}}
+
+
 def _odd_lines() -> list[bytes]:
     user = {"id": "u1", "role": "user", "content": [{"type": "text", "text": "x"}], "source": {"kind": "user"}}
     lines = [_wire(row) for row in _row_variants()]
@@ -232,6 +237,7 @@ def _odd_lines() -> list[bytes]:
         _wire(_surface(9, data={"turn": 1, "step": 0, "message": user})),
         _wire({"type": "user/message", "seq": 2, "time": 1, "surfaceOp": "append", "data": user}),
         _wire({"type": "x/unknown", "seq": 2, "time": 1, "data": {}, "ignorable": True}),
+        *(_wire({**_continue(2), **mark}) for mark in ({}, {"ignorable": False}, {"ignorable": True})),
         b'{"type":"text-chunks","type":"turn/start","seq":1,"time":1,"data":{"turn":0}}',
         b'{"seq0":1,"type":"text-chunks","time0":2,"data":{"turn":0,"step":0,"index":0,"dt":[1],"texts":["a","b"]}}',
         b" " + ev(3) + b" ",
@@ -270,6 +276,20 @@ def test_batch_decode_of_one_line_is_the_per_line_result_or_its_error(line: byte
     except StorageLineError as exc:
         got = ("error", (str(exc), exc.line))
     assert got == expected
+
+
+@pytest.mark.parametrize("with_row", [False, True])
+def test_a_batch_refuses_an_unmarked_ignorable_type_like_its_line_does(with_row: bool) -> None:
+    # The batch path once took a turn/continue without "ignorable": true that the per-line path refuses.
+    row = _wire(_row_variants()[0]) + b"\n" if with_row else b""
+    first = len(decode_storage_lines(row)) if row else 0
+    frame = row + _wire(_continue(first)) + b"\n"
+    assert _batch(frame) is None
+    with pytest.raises(StorageLineError, match="must be marked ignorable") as info:
+        decode_storage_lines(frame)
+    assert info.value.line == (2 if with_row else 1)
+    marked = row + _wire({**_continue(first), "ignorable": True}) + b"\n"
+    assert _batch(marked) == _per_line(marked)
 
 
 def test_batch_fast_path_declines_data_that_splits_lines_differently() -> None:

@@ -44,6 +44,7 @@ from dsh.session_persistence.encryption import (
     check_key,
     check_key_id,
     open_sealed,
+    open_sealed_many,
     seal,
     sealed_opener,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "header_to_builtins",
     "hookimpl",
     "open_sealed",
+    "open_sealed_many",
     "seal",
     "sealed_opener",
 ]

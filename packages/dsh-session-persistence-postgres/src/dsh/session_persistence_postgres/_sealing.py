@@ -36,6 +36,7 @@ from ._core import (
     SessionPersistenceCorruptionError,
     check_key,
     check_key_id,
+    open_sealed_many,
     seal,
     sealed_opener,
 )
@@ -174,6 +175,9 @@ class RowSealer:
                     )
             return [bytes(row[2]) for row in rows]
         shared = _session_part(store_id, session_id, seal_id)
+        one_key = self._open_one_key(session_id, shared, rows)
+        if one_key is not None:
+            return one_key
         openers: dict[str, Callable[[bytes, bytes, bytes], bytes | None]] = {}
         out: list[bytes] = []
         for seq, compressed, body, key_id, nonce in rows:
@@ -193,6 +197,27 @@ class RowSealer:
                 )
             out.append(opened)
         return out
+
+    def _open_one_key(self, session_id: str, shared: bytes, rows: Sequence[StoredRow]) -> list[bytes] | None:
+        """:meth:`open_rows` of a sealed session's rows when every row is sealed under one key id (the common case):
+        the key fetched once, every seal opened in one pass (:func:`open_sealed_many`), the associated data built by
+        one ``pack`` per row. ``None`` when the rows are of several key ids or one is not sealed (:meth:`open_rows`
+        walks them row by row, naming the first defect). Same plaintexts and errors as :meth:`open_rows`."""
+        if not rows:
+            return []
+        key_id = rows[0][3]
+        if key_id is None or any(row[3] != key_id or row[4] is None for row in rows):
+            return None
+        key = self._key(session_id, str(key_id), f"the event at seq {rows[0][0]}")
+        pack = struct.Struct(f"<{len(shared)}sQc").pack
+        seals = ((nonce, body, pack(shared, int(seq), b"z" if flag else b"n")) for seq, flag, body, _k, nonce in rows)
+        opened = open_sealed_many(key, seals)
+        if len(opened) < len(rows):
+            raise SessionDecryptError(
+                f'session "{session_id}": the event at seq {rows[len(opened)][0]} fails authentication under key '
+                f'"{key_id}": the key is wrong, or the row was altered or moved'
+            )
+        return opened
 
 
 class SealCache:

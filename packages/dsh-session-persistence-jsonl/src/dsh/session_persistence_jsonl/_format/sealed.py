@@ -158,6 +158,7 @@ class BatchSeal:
     _openers: dict[str, Callable[[bytes, bytes, bytes], bytes | None]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
+    _keys: dict[str, bytes] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "log_part", _log_part(self.header, self.compression))
@@ -186,9 +187,15 @@ class BatchSeal:
         """The seal opener of :meth:`key` for a batch's stated key id, fetched and checked once per id for this log."""
         opener = self._openers.get(key_id)
         if opener is None:
-            opener = sealed_opener(self.key(check_key_id(key_id), self.where(offset, first_seq, count)))
+            key = self.key(check_key_id(key_id), self.where(offset, first_seq, count))
+            opener = sealed_opener(key)
             self._openers[key_id] = opener
+            self._keys[key_id] = key
         return opener
+
+    def fetched_key(self, key_id: str) -> bytes | None:
+        """The key of ``key_id`` if :meth:`opener` already fetched and checked it for this log, else ``None``."""
+        return self._keys.get(key_id)
 
 
 def seal_batch(seal: BatchSeal, first_seq: int, count: int, inner: bytes) -> bytes:

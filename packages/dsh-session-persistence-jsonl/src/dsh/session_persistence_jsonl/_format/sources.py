@@ -21,11 +21,12 @@ class BufferSource(Source):
     """A transcript already read into memory."""
 
     def __init__(self, buf: bytes) -> None:
-        self._view = memoryview(buf)
+        self.data = buf
+        self.view = memoryview(buf)
         self.size = len(buf)
 
     def read(self, start: int, stop: int) -> memoryview:
-        return self._view[start:stop]
+        return self.view[start:stop]
 
 
 class FdSource(Source):

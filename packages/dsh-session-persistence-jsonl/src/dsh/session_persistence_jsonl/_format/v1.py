@@ -49,16 +49,14 @@ from .v1_declarations import (
     ZSTD_DECLARATION_SIZE,
     Declaration,
     DeclarationError,
-    could_be_torn_line_declaration,
-    could_be_torn_zstd_declaration,
     data_crc,
     line_declaration,
     parse_line_declaration,
     parse_zstd_declaration,
-    torn_line_declaration_fits,
-    torn_zstd_declaration_fits,
     zstd_declaration,
 )
+from .v1_fast import clean_span
+from .v1_torn import rest_is_torn, zero_filled_write
 
 __all__ = [
     "DECLARED_FORMAT_VERSION",
@@ -80,7 +78,6 @@ __all__ = [
 DECLARED_FORMAT_VERSION = 1
 Checkpoint = Callable[[], None]
 _seq_of = operator.attrgetter("seq")
-_SCAN_CHUNK = 1 << 20
 #: How far a walk gets between two cancellation checks: a batch's own bytes or more (a check per small batch
 #: cost a tenth of a reload's walk), well under a millisecond of work.
 _CHECKPOINT_BYTES = 1 << 16
@@ -140,75 +137,6 @@ def encode_declared_batch(
 def encode_declared_header(compression: Compression, header_line: bytes) -> bytes:
     """The first pair of a v1 transcript: the header line (LF-terminated) declared as a batch of 0 events."""
     return encode_declared_batch(compression, 0, 0, header_line)
-
-
-def _head_end(src: Source, pos: int) -> int:
-    """End of the last non-zero byte at or after ``pos`` (``pos`` itself if only zeros follow)."""
-    stop = src.size
-    while stop > pos:
-        start = max(pos, stop - _SCAN_CHUNK)
-        kept = bytes(src.read(start, stop)).rstrip(b"\0")
-        if kept:
-            return start + len(kept)
-        stop = start
-    return pos
-
-
-def _torn_declaration(head: bytes, compression: Compression, expected_seq: int | None, rest: int | None) -> bool:
-    """Whether ``head`` can be the surviving start of the declaration of the batch in flight (see below)."""
-    if compression == "zstd":
-        if not could_be_torn_zstd_declaration(head.rstrip(b"\0")):
-            return False
-        return expected_seq is None or torn_zstd_declaration_fits(head, expected_seq, rest)
-    if b"\0" in head or not could_be_torn_line_declaration(head):
-        return False  # a declaration line never holds a zero byte of its own
-    return expected_seq is None or torn_line_declaration_fits(head, expected_seq, rest)
-
-
-def _rest_is_torn(
-    src: Source, pos: int, compression: Compression, expected_seq: int | None = None, cap: int | None = None
-) -> bool:
-    """Whether what follows ``pos`` (the end of the last complete batch) can be one write that never completed.
-
-    That write is the batch in flight, declared from ``expected_seq``, at most one batch long (``cap``): only
-    zeros (its size reached the disk, none of its bytes), or its declaration cut short, or the start of its
-    declaration followed by zeros from a sector boundary inside it to the end of the file, where every declared
-    field that survived must fit that batch (its seq, and its length, which must end it exactly at the end of the
-    file). Zeros reaching further than one batch, or a surviving length that ends elsewhere, are damage: a crash
-    only ever tears the final batch.
-    """
-    limit = ZSTD_DECLARATION_SIZE if compression == "zstd" else LINE_DECLARATION_MAX + 1
-    if cap is not None and src.size - pos > limit + cap:
-        return False  # longer than any one batch
-    end = _head_end(src, pos)
-    if end == pos:
-        return True
-    if src.size - pos <= limit and _torn_declaration(bytes(src.read(pos, src.size)), compression, expected_seq, None):
-        return True  # the file ends inside the declaration (any zeros in it are its own bytes)
-    if end == src.size:
-        return False
-    # Zeros follow the surviving bytes: a sector boundary inside the declaration must start them (a whole
-    # declaration would have parsed); the bytes before that boundary are the write's own, zeros included.
-    boundary = -(-end // SECTOR) * SECTOR
-    if boundary >= min(src.size, pos + limit):
-        return False
-    return _torn_declaration(bytes(src.read(pos, boundary)), compression, expected_seq, src.size - pos)
-
-
-#: The unit a disk persists atomically: a write whose data did not reach the disk reads as zeros from a sector
-#: boundary on.
-SECTOR = 512
-
-
-def _zero_filled_write(src: Source, data_start: int, end: int) -> bool:
-    """Whether a batch that fails its CRC is a write whose size reached the disk but whose data did not.
-
-    That leaves zeros from a sector boundary inside the batch's data to the end of the file. A single damaged byte
-    (one zero) never qualifies: the run must cover a sector boundary inside the data and be two bytes or more.
-    """
-    zeros_from = _head_end(src, data_start)
-    boundary = -(-zeros_from // SECTOR) * SECTOR
-    return boundary < end and src.size - zeros_from >= 2
 
 
 def _declaration_at(src: Source, pos: int, compression: Compression) -> tuple[Declaration, int]:
@@ -322,8 +250,8 @@ def _zero_filled_end(
     Committed data never ends in a zero byte (``none``: every batch ends with ``}\\n``; ``zstd``: the writer
     falls back to a stored frame ending in the plaintext when a compressed one would end in zeros), so no change
     of one byte in committed data can end it in two zeros. Zeros from a sector boundary to the end of the file
-    (:func:`_zero_filled_write`) are a torn write: dropped (``[]``). Data ending in exactly one zero is either a
-    write torn before its last byte or a committed batch whose last byte was damaged: if some last byte makes the
+    (:func:`~.v1_torn.zero_filled_write`) are a torn write: dropped (``[]``). Data ending in exactly one zero is either
+    a write torn before its last byte or a committed batch whose last byte was damaged: if some last byte makes the
     CRC verify, the batch is exactly known and its events are kept (repair re-appends them), so neither case
     loses anything.
     """
@@ -331,7 +259,7 @@ def _zero_filled_end(
         return None  # bytes follow (zeros or not): the file does not end with this batch, so it is not torn
     raw = bytes(data)
     if raw.endswith(b"\0\0"):
-        return [] if _zero_filled_write(src, data_start, end) else None
+        return [] if zero_filled_write(src, data_start, end) else None
     if not raw.endswith(b"\0"):
         return None
     prefix_crc = data_crc(raw[:-1])
@@ -446,14 +374,29 @@ def _batches(
     # The last batch skipped unread (before ``from_seq``): a torn tail right after it is one only if it verifies.
     skipped: tuple[int, int, Declaration] | None = None
     checked_at = -_CHECKPOINT_BYTES  # the first batch checks
+    # An in-memory zstd transcript: clean batches in spans (v1_fast), each stopping where the next check is due.
+    fast = src if compression == "zstd" and isinstance(src, BufferSource) and type(src.data) is bytes else None
     while pos < src.size:
         if checkpoint is not None and pos - checked_at >= _CHECKPOINT_BYTES:
             checkpoint()
             checked_at = pos
+        if fast is not None:
+            stop = (pos if checkpoint is None else checked_at) + _CHECKPOINT_BYTES
+            span, ends, texts, next_seq = clean_span(
+                fast.data, fast.view, pos, stop, expected, from_seq, walk, plaintexts is not None
+            )
+            if span:
+                expected, skipped = next_seq, None
+                for index, clean in enumerate(span):
+                    if plaintexts is not None:
+                        plaintexts.append(texts[index])
+                    pos = log.committed_end = ends[index]
+                    yield clean
+                continue
         try:
             decl, data_start = _declaration_at(src, pos, compression)
         except DeclarationError as exc:
-            if _rest_is_torn(src, pos, compression, expected, walk.cap):
+            if rest_is_torn(src, pos, compression, expected, walk.cap):
                 _verify_skipped(src, walk, skipped)
                 break
             damage = walk.damage(f"batch declaration at byte {pos}: {exc}")

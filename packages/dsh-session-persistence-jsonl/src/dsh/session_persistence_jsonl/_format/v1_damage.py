@@ -13,7 +13,7 @@ from dsh.session_persistence.backend import SessionPersistenceCorruptionError
 
 from ..encryption import KeyProvider
 from .frames import Compression
-from .v1 import BatchDamage, BufferSource, Source, _rest_is_torn, is_declared, walk_declared
+from .v1 import BatchDamage, BufferSource, Source, is_declared, walk_declared
 from .v1_declarations import (
     LINE_DECLARATION_MAX,
     LINE_DECLARATION_PREFIX,
@@ -23,6 +23,7 @@ from .v1_declarations import (
     parse_line_declaration,
     parse_zstd_declaration,
 )
+from .v1_torn import rest_is_torn
 
 __all__ = ["DamagedTail", "find_damaged_tail"]
 
@@ -104,7 +105,7 @@ def find_damaged_tail(
     else:
         return None
     if damage.end is not None:
-        final = damage.end >= src.size or _rest_is_torn(src, damage.end, compression)
+        final = damage.end >= src.size or rest_is_torn(src, damage.end, compression)
     else:
         final = _later_declaration(src, damage.offset, compression) is None
     if not final:

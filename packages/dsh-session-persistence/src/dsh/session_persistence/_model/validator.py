@@ -230,18 +230,19 @@ class TurnValidator:
         runs the separate checks in their order, which decide and name the defect. A fast path only: a stored
         log is walked once instead of three times, and each pass over a large log's events costs milliseconds.
         """
-        check = self.check
         expected = self._last_seq + 1
         if expected != 0:
             return False  # only a fresh validator: the contiguity is from seq 0
         open_step = self._open_step
         open_turn = self._open_turn
+        rules = _RULES
         for event in events:
             seq = event.seq
             if seq != expected:
                 return False
             expected = seq + 1
-            if type(event) is AssistantChunk:
+            kind = type(event)
+            if type(event) is AssistantChunk:  # (not `kind is`: that does not narrow the event's type)
                 data = event.data
                 # What check() does for a chunk in the passing case (seq order holds: the seqs are contiguous).
                 if (
@@ -251,12 +252,18 @@ class TurnValidator:
                     and data.turn == open_turn
                 ):
                     continue
-            elif type(event) is OpaqueEvent:
+            elif kind is OpaqueEvent:
                 return False
-            self._last_seq = seq - 1
-            check(event)
-            open_step = self._open_step
-            open_turn = self._open_turn
+            # What check() does past its seq order (which contiguity already proved): the event's rule, then the
+            # turn/start memory; no rule reads the last seq, set once at the end.
+            rule = rules.get(kind, _UNRESOLVED)
+            if rule is _UNRESOLVED:
+                rule = _rule_for(kind)
+            if rule is not None:
+                rule(self, event)
+                open_step = self._open_step
+                open_turn = self._open_turn
+            self._fresh_turn = kind is TurnStart
         self._last_seq = expected - 1
         return True
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, get_args
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from .._model.events import (
+    IGNORABLE_EVENT_TYPES,
     AssistantChunk,
     KnownEvent,
     SessionEvent,
@@ -250,6 +251,16 @@ _ROW_TAG_OF: dict[type, str] = {
     _ReasoningRow: "reasoning-chunks",
     _ToolRow: "tool-call-chunks",
 }
+#: The event classes a typed decode leaves a check to: surface events (their shape) and the types older readers do
+#: not know (their ``ignorable`` mark, as :func:`decode_event_line` checks it).
+_IGNORABLE_KINDS = frozenset(cls for cls in get_args(KnownEvent) if cls.type in IGNORABLE_EVENT_TYPES)
+_ROW, _SURFACE, _IGNORABLE = "row", "surface", "ignorable"
+#: What :func:`_batch_from` does with a decoded value of each class beyond taking it (absent: nothing).
+_KIND_OF: dict[type, str] = {
+    **dict.fromkeys(_ROW_TAG_OF, _ROW),
+    **{cls: _SURFACE for cls in get_args(KnownEvent) if cls.surface},
+    **dict.fromkeys(_IGNORABLE_KINDS, _IGNORABLE),
+}
 
 
 def decode_storage_lines(data: bytes) -> list[SessionEvent]:
@@ -296,11 +307,12 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] 
 
     Taken in the common case (every line a known event or a valid chunk row): each line is decoded on its own by
     one typed decoder in a C-level ``map`` (so whitespace and line boundaries mean exactly what they mean to
-    :func:`decode_storage_line`), surface events get :func:`decode_event_line`'s post-checks, and rows go through
+    :func:`decode_storage_line`), events get :func:`decode_event_line`'s post-checks (surface events their shape,
+    the types older readers do not know their ``ignorable`` mark), and rows go through
     :func:`~.chunk_rows.row_events` (the one unpacker). Any exception or refusal returns ``None``, so error texts
     come from the per-line path.
     Contiguity from ``first_seq`` is followed line by line: an event line holds its seq, a row ``seq0`` and the
-    members after it.
+    members after it. A batch without rows (most batches of a commit-per-step log) is its values, as decoded.
     """
     lines = data.split(b"\n")
     if lines.pop():
@@ -309,37 +321,60 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] 
     contiguous = True
     try:
         values = list(map(_batch_decoder.decode, lines))
-        events: list[SessionEvent] = []
+        kind_of = _KIND_OF
         for value in values:
-            tag = _ROW_TAG_OF.get(type(value))
-            if tag is None:
-                if value.surface:
+            kind = kind_of.get(type(value))
+            if kind is not None:
+                if kind is _ROW:
+                    return _rows_from(values, first_seq)
+                if kind is _SURFACE:
                     check_typed_surface(value)
-                events.append(value)
-                if value.seq != expected:
-                    contiguous = False
-                expected = value.seq + 1
-                continue
-            row = value.data
-            tool = tag == "tool-call-chunks"
-            built = row_events(
-                tag,
-                value.seq0,
-                value.time0,
-                row.turn,
-                row.step,
-                row.index,
-                row.dt,
-                row.args if tool else row.texts,
-                row.id if tool else None,
-                row.name if tool else UNSET,
-            )
-            if built is None:
-                return None
-            events.extend(built)
-            if value.seq0 != expected:
+                elif value.ignorable is not True:
+                    return None  # a type older readers do not know, not marked ignorable: the per-line path refuses it
+            seq = value.seq
+            if seq != expected:
                 contiguous = False
-            expected = value.seq0 + len(built)
+            expected = seq + 1
     except Exception:  # anything at all: the per-line path decides and names it
         return None
+    return values, contiguous
+
+
+def _rows_from(values: list[Any], first_seq: int) -> tuple[list[SessionEvent], bool] | None:
+    """:func:`_batch_from` for a batch that holds chunk rows: events and rows in order, rows expanded."""
+    expected = first_seq
+    contiguous = True
+    events: list[SessionEvent] = []
+    for value in values:
+        tag = _ROW_TAG_OF.get(type(value))
+        if tag is None:
+            if value.surface:
+                check_typed_surface(value)
+            elif type(value) in _IGNORABLE_KINDS and value.ignorable is not True:
+                return None
+            events.append(value)
+            if value.seq != expected:
+                contiguous = False
+            expected = value.seq + 1
+            continue
+        row = value.data
+        tool = tag == "tool-call-chunks"
+        built = row_events(
+            tag,
+            value.seq0,
+            value.time0,
+            row.turn,
+            row.step,
+            row.index,
+            row.dt,
+            row.args if tool else row.texts,
+            row.id if tool else None,
+            row.name if tool else UNSET,
+        )
+        if built is None:
+            return None
+        events.extend(built)
+        if value.seq0 != expected:
+            contiguous = False
+        expected = value.seq0 + len(built)
     return events, contiguous

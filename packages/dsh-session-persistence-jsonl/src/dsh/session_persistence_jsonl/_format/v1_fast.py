@@ -1,0 +1,177 @@
+"""The clean-batch fast path of the v1 walk (:mod:`.v1`): a span of batches that verify, decoded in one loop.
+
+A load walks hundreds of small batches; the general walk spends more on its per-batch machinery (a declaration
+object, a seal parsed into copies, a call per step) than on the batch's own decompress and decode. :func:`clean_span`
+walks an in-memory zstd transcript's batches in a few loops and takes a batch only when *every* rule of the general
+walk holds for it (declaration shape and own CRC, count, seq, length within the cap and the file, data CRC, a seal
+well-formed and opened under a key the walk already holds, the frame's pledged size within the cap and met, the
+lines decoding to exactly the declared events, contiguous). At the first batch where anything is off it stops
+and the general walk takes that batch from its first byte, so every error, torn-tail decision and text comes from
+one place; a span is the same events, plaintexts and ends the general walk would give, only cheaper.
+
+A span's seals are parsed in place (slices of the read buffer, no copy) and opened in one pass
+(:func:`~dsh.session_persistence.encryption.open_sealed_many`) under the key the walk already fetched for their key
+id; a key id it has not fetched yet leaves the batch to the general walk, which fetches it (and raises its key
+errors) exactly as before.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import Protocol
+
+import zstandard
+from dsh.session_persistence.backend import SessionEvent, StorageLineError, decode_storage_lines_from
+from dsh.session_persistence.encryption import open_sealed_many
+
+from .bounded import _FCS_BYTES
+from .sealed import NONCE_BYTES, SEAL_FRAME_MAGIC, TAG_BYTES, BatchSeal
+from .v1_declarations import _ZSTD_FIXED_INT, _ZSTD_WHOLE, ZSTD_DECLARATION_SIZE
+
+__all__ = ["Span", "Walk", "clean_span"]
+
+_OWN = ZSTD_DECLARATION_SIZE - 4
+_unpack_whole = _ZSTD_WHOLE.unpack_from  # fixed prefix (one integer), first seq, count, length, data CRC, own CRC
+_u32 = struct.Struct("<I").unpack_from
+_crc32 = zlib.crc32
+_LF = 0x0A
+_AEAD_CODE = 1
+_SEAL_MIN = 10 + NONCE_BYTES + TAG_BYTES + 1
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_DID_BYTES = (0, 1, 2, 4)  # dictionary id field width, by the frame header descriptor's low two bits
+
+
+class Walk(Protocol):
+    """What a span needs of the general walk's state (``v1._Walk``)."""
+
+    cap: int
+    seal: BatchSeal | None
+    dctx: zstandard.ZstdDecompressor
+
+
+#: Verified declarations: ``(first_seq, count, data_start, end)`` of each batch.
+Declared = list[tuple[int, int, int, int]]
+#: ``(batches, ends, plaintexts, expected)``: the clean batches in order, where each ends, their plaintexts, and the
+#: seq the next batch must start at.
+Span = tuple[list[list[SessionEvent]], list[int], list[bytes], int]
+
+
+def _declared(buf: bytes, view: memoryview, pos: int, stop: int, expected: int, from_seq: int, cap: int) -> Declared:
+    """The batches from ``pos`` whose declarations and data verify, in order, up to the first that does not (or
+    starts at or past ``stop``, or is a batch to skip, or the file ends): ``(first_seq, count, data_start, end)``."""
+    size = len(buf)
+    out: Declared = []
+    while pos < stop and pos + ZSTD_DECLARATION_SIZE <= size:
+        fixed, first_seq, count, length, crc, own = _unpack_whole(buf, pos)
+        data_start = pos + ZSTD_DECLARATION_SIZE
+        end = data_start + length
+        if (
+            fixed != _ZSTD_FIXED_INT
+            or count == 0
+            or first_seq != expected
+            or length > cap
+            or end > size
+            or first_seq + count <= from_seq
+            or _crc32(view[pos : pos + _OWN]) != own
+            or _crc32(view[data_start:end]) != crc
+        ):
+            break
+        out.append((first_seq, count, data_start, end))
+        expected = first_seq + count
+        pos = end
+    return out
+
+
+def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) -> list[bytes]:
+    """The inner frames of ``batches`` (sealed), opened in one pass, up to the first whose seal is not well formed,
+    is under a key id other than the first's or one the walk has not fetched yet, or fails authentication.
+
+    Read in place: the nonces and ciphertexts are views of the read buffer (only key ids are copied out)."""
+    key_id: bytes | None = None
+    seals: list[tuple[memoryview, memoryview, bytes]] = []
+    append = seals.append
+    startswith = buf.startswith
+    associated = struct.Struct(f"<{len(seal.log_part)}sQI").pack  # what every seal of the log shares, then its own
+    log_part = seal.log_part
+    for first_seq, count, start, end in batches:
+        if end - start < _SEAL_MIN or not startswith(SEAL_FRAME_MAGIC, start) or buf[end - 1] != _LF:
+            break
+        if _u32(buf, start + 4)[0] != end - start - 8 or buf[start + 8] != _AEAD_CODE:
+            break
+        id_end = start + 10 + buf[start + 9]
+        nonce_end = id_end + NONCE_BYTES
+        if end < nonce_end + TAG_BYTES + 1:
+            break
+        if key_id is None:
+            key_id = buf[start + 10 : id_end]
+        elif buf[start + 9] != len(key_id) or not startswith(key_id, start + 10):
+            break  # another key id: the general walk (which fetches keys) takes it from here
+        append((view[id_end:nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
+    key = None if key_id is None else seal.fetched_key(key_id.decode("ascii", "replace"))
+    return [] if key is None else open_sealed_many(key, seals)
+
+
+def _pledged(buf: bytes, at: int, end: int) -> int | None:
+    """:func:`~.bounded._content_size` of the frame at ``buf[at:end]``, read in place (same answer, no slice)."""
+    if end - at < 6 or not buf.startswith(_ZSTD_MAGIC, at):
+        return None
+    fhd = buf[at + 4]
+    single = fhd & 0x20
+    width = _FCS_BYTES[fhd >> 6] or (1 if single else 0)
+    if width == 0:
+        return None
+    start = at + 5 + (0 if single else 1) + _DID_BYTES[fhd & 0x03]
+    if end < start + width:
+        return None
+    size = int.from_bytes(buf[start : start + width], "little")
+    return size + 256 if width == 2 else size
+
+
+def clean_span(
+    buf: bytes,
+    view: memoryview,
+    pos: int,
+    stop: int,
+    expected: int,
+    from_seq: int,
+    walk: Walk,
+    keep_texts: bool,
+) -> Span:
+    """The clean batches from ``pos`` (a declaration position of a zstd transcript held in ``buf``, ``view`` a view
+    of it), walked until one starts at or past ``stop`` or is not clean, or the file ends. ``expected`` is the seq
+    the first must start at; only batches that reach ``from_seq`` are taken (a batch to skip is the general walk's).
+    ``walk`` gives the cap, the seal and the decompressor; the plaintexts are kept only with ``keep_texts``."""
+    cap, seal, dctx = walk.cap, walk.seal, walk.dctx
+    declared = _declared(buf, view, pos, stop, expected, from_seq, cap)
+    frames: Sequence[tuple[bytes, int, int]]  # each frame as (buffer, start, end): in place, or an opened seal
+    if seal is None:
+        frames = [(buf, start, end) for _first, _count, start, end in declared]
+    else:
+        frames = [(inner, 0, len(inner)) for inner in _opened(seal, buf, view, declared)]
+    batches: list[list[SessionEvent]] = []
+    ends: list[int] = []
+    plaintexts: list[bytes] = []
+    for (first_seq, count, _start, end), (frame, at, stop_at) in zip(declared, frames, strict=False):
+        pledged = _pledged(frame, at, stop_at)
+        if pledged is None or not 0 < pledged <= cap:
+            break
+        try:
+            plaintext = dctx.decompress(view[at:stop_at] if frame is buf else frame)
+        except zstandard.ZstdError:
+            break
+        if len(plaintext) != pledged or plaintext[-1] != _LF:
+            break
+        try:
+            events, contiguous = decode_storage_lines_from(plaintext, first_seq)
+        except StorageLineError:
+            break
+        if len(events) != count or not contiguous:
+            break
+        batches.append(events)
+        ends.append(end)
+        if keep_texts:
+            plaintexts.append(plaintext)
+        expected = first_seq + count
+    return batches, ends, plaintexts, expected
