@@ -5,8 +5,8 @@ A streamed answer is a long run of ``assistant/chunk`` structs. Packing them thr
 to dict, then the packer's whitelist checks on dicts) cost ~4 us per chunk, ten times the encoding itself. Here the
 same whitelist is read from the struct attributes. Only exact types are decided here: an attribute of any other
 type (a hand-built struct holding an ``IntEnum``, a dict chunk, ...) could convert differently to JSON, so that
-event is decided by the plain-JSON key itself. The packing (runs to rows) is :func:`~.chunk_rows.pack_runs`, the
-one packer, fed with members read here; the equivalence with packing the plain-JSON form (same bytes) is a tested
+event is decided by the plain-JSON key itself. The packing (runs to rows) is :func:`~.chunk_rows.pack_members`,
+the one packer, fed with members read here; the equivalence with packing the plain-JSON form (same bytes) is a tested
 property.
 """
 
@@ -20,7 +20,7 @@ from msgspec import UNSET
 
 from .._model.events import AssistantChunk, AssistantChunkData, ReasoningDeltaChunk, TextDeltaChunk, ToolCallDeltaChunk
 from .._model.jsonvalue import MAX_SAFE_INTEGER
-from .chunk_rows import ABSENT, Member, pack_runs, plain_member
+from .chunk_rows import ABSENT, Member, pack_members, plain_member
 
 __all__ = ["encode_chunk_run"]
 
@@ -126,6 +126,58 @@ def _member_of(event: AssistantChunk) -> Member | None:
     return key, event.seq, event.time, delta
 
 
+def _members(events: Sequence[AssistantChunk]) -> list[Member | None]:
+    """:func:`_member_of` of every event, in order, with the common case inline: a text or reasoning delta whose
+    every attribute is exact and in range (the case :func:`_fast_key` accepts).
+
+    Consecutive deltas of one block hold the very same ``turn``, ``step`` and ``index`` objects (small ints are
+    shared), so those are checked once per block: an attribute that *is* the object already checked for the
+    previous member passed the same checks, and the key built then is reused. Anything else is
+    :func:`_member_of`'s call.
+    """
+    out: list[Member | None] = []
+    append = out.append
+    key: _Key = ()
+    last_kind: Any = None
+    last_turn: Any = None
+    last_step: Any = None
+    last_index: Any = None
+    for event in events:
+        data = event.data
+        if type(data) is AssistantChunkData:
+            chunk: Any = data.chunk
+            kind = type(chunk)
+            if kind is TextDeltaChunk or kind is ReasoningDeltaChunk:
+                seq, time, text = event.seq, event.time, chunk.text
+                if (
+                    type(seq) is int
+                    and type(time) is int
+                    and type(text) is str
+                    and event.ignorable is UNSET
+                    and 0 <= seq <= MAX_SAFE_INTEGER
+                    and -MAX_SAFE_INTEGER <= time <= MAX_SAFE_INTEGER
+                ):
+                    turn, step, index = data.turn, data.step, chunk.index
+                    if kind is last_kind and turn is last_turn and step is last_step and index is last_index:
+                        append((key, seq, time, text))
+                        continue
+                    if (
+                        type(turn) is int
+                        and type(step) is int
+                        and type(index) is int
+                        and -MAX_SAFE_INTEGER <= turn <= MAX_SAFE_INTEGER
+                        and -MAX_SAFE_INTEGER <= step <= MAX_SAFE_INTEGER
+                        and -MAX_SAFE_INTEGER <= index <= MAX_SAFE_INTEGER
+                    ):
+                        tag = "text-delta" if kind is TextDeltaChunk else "reasoning-delta"
+                        key = (tag, turn, step, index, None, None)
+                        last_kind, last_turn, last_step, last_index = kind, turn, step, index
+                        append((key, seq, time, text))
+                        continue
+        append(_member_of(event))
+    return out
+
+
 def _verbatim(event: AssistantChunk) -> bytes:
     # The plain-JSON form's bytes (what the packer passes through), also for a hand-built struct.
     return _encoder.encode(msgspec.to_builtins(event))
@@ -136,5 +188,5 @@ def encode_chunk_run(events: Sequence[AssistantChunk]) -> list[bytes]:
     ``pack_chunk_rows(msgspec.to_builtins(events))``."""
     return [
         _encoder.encode(value) if type(value) is dict else _verbatim(value)  # type: ignore[arg-type]
-        for value in pack_runs(events, _member_of)
+        for value in pack_members(events, _members(events))
     ]

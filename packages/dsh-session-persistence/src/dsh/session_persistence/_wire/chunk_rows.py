@@ -7,8 +7,9 @@ consecutive, same-block delta chunks by one row tagged ``text-chunks``, ``reason
 session events: readers expand them back to the exact original events, so packed, unpacked and mixed
 files load identically.
 
-The rule lives here once: :func:`pack_runs` is the one packer (runs to rows, for plain-JSON events through
-:func:`pack_chunk_rows` and for typed events through :func:`~.chunk_pack.encode_chunk_run`) and
+The rule lives here once: :func:`pack_members` is the one packer (runs to rows, for plain-JSON events through
+:func:`pack_runs` and :func:`pack_chunk_rows`, and for typed events through :func:`~.chunk_pack.encode_chunk_run`,
+which reads the members itself) and
 :func:`row_events` the one unpacker (a row's member events, for :func:`expand_chunk_row` and the typed decoders
 of :mod:`.storage_lines`). The run key is read from the event wire form ``{"type", "seq", "time", "data"}``.
 The packer whitelists exact shapes: anything it does not fully recognise is written verbatim, so an
@@ -45,6 +46,7 @@ __all__ = [
     "expand_chunk_row",
     "expand_chunk_rows",
     "pack_chunk_rows",
+    "pack_members",
     "pack_runs",
     "plain_member",
     "row_events",
@@ -176,6 +178,12 @@ def pack_runs(events: Iterable[T], member_of: Callable[[T], Member | None]) -> l
     while the key stays equal, the seq grows by exactly one and the time gap is a safe integer. Stateless per
     batch: a run split by a flush boundary is packed (or not) per batch.
     """
+    events = list(events)
+    return pack_members(events, list(map(member_of, events)))
+
+
+def pack_members(events: Sequence[T], members: Sequence[Member | None]) -> list[T | dict[str, Any]]:
+    """:func:`pack_runs` with every event's member already read (``members[i]`` is ``member_of(events[i])``)."""
     out: list[T | dict[str, Any]] = []
     run: list[tuple[Member, T]] = []
 
@@ -186,8 +194,7 @@ def pack_runs(events: Iterable[T], member_of: Callable[[T], Member | None]) -> l
             out.extend(event for _, event in run)
         run.clear()
 
-    for event in events:
-        member = member_of(event)
+    for event, member in zip(events, members, strict=True):
         if member is None:
             flush()
             out.append(event)
