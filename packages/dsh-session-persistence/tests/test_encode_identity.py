@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 _encoder = msgspec.json.Encoder()
+_EDGE = MAX_SAFE_INTEGER - 400_000  # 60 events move the time by less than 300,000 from here
 
 
 def _old_pack(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -76,7 +77,7 @@ _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_si
 def _wire_batch(draw: st.DrawFn) -> list[Any]:
     """Wire events of one or more turns as a live session appends them, decoded to typed events."""
     seq = draw(st.integers(0, 50) | st.just(MAX_SAFE_INTEGER - 300))
-    time = draw(st.integers(-MAX_SAFE_INTEGER + 200, MAX_SAFE_INTEGER - 400_000))  # 60 events move it < 300,000
+    time = draw(st.integers(-_EDGE, _EDGE))
     turn = draw(st.integers(0, 300))
     step = draw(st.integers(0, 3))
     wire: list[dict[str, Any]] = []
@@ -87,7 +88,11 @@ def _wire_batch(draw: st.DrawFn) -> list[Any]:
         nonlocal seq, time
         wire.append({"type": etype, "seq": seq, "time": time, "data": data, **extra})
         seq += draw(st.sampled_from([1] * 12 + [0, 2]))  # now and then a gap or a repeat: runs must break
-        time += draw(st.sampled_from([0, 1, 3, -2] * 3 + [5000]))
+        jump = draw(st.sampled_from([0, 1, 3, -2] * 3 + [5000, None]))
+        if jump is None:  # to the far edge: a gap no safe integer holds, so a run must break here
+            time = _EDGE if time < 0 else -_EDGE
+        else:
+            time += jump
 
     base = {"turn": turn, "step": step}
     for _ in range(draw(st.integers(1, 60))):

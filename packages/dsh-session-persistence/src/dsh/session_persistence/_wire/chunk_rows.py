@@ -148,11 +148,14 @@ def run_key(event: object) -> tuple[object, ...] | None:
 
 def build_row(key: tuple[object, ...], members: Sequence[tuple[int, int, str]]) -> dict[str, Any]:
     """The row of a run: ``key`` from :func:`run_key`, ``members`` as ``(seq, time, delta text)`` in order."""
+    return _row(key, members[0][0], [member[1] for member in members], [member[2] for member in members])
+
+
+def _row(key: tuple[object, ...], seq0: int, times: list[int], deltas: list[str]) -> dict[str, Any]:
+    """:func:`build_row` from the run's first seq and its members' times and deltas."""
     kind, turn, step, index, call_id, name = key
-    times = [member[1] for member in members]
     dt = [b - a for a, b in pairwise(times)]
     data: dict[str, Any] = {"turn": turn, "step": step, "index": index, "dt": dt}
-    deltas = [member[2] for member in members]
     if kind == "tool-call-delta":
         data["id"] = call_id
         if name is not ABSENT:
@@ -160,7 +163,7 @@ def build_row(key: tuple[object, ...], members: Sequence[tuple[int, int, str]]) 
         data["args"] = deltas
     else:
         data["texts"] = deltas
-    return {"type": _TAG_OF_KIND[kind], "seq0": members[0][0], "time0": times[0], "data": data}  # type: ignore[index]
+    return {"type": _TAG_OF_KIND[kind], "seq0": seq0, "time0": times[0], "data": data}  # type: ignore[index]
 
 
 Member = tuple[tuple[object, ...], int, int, str]
@@ -183,32 +186,44 @@ def pack_runs(events: Iterable[T], member_of: Callable[[T], Member | None]) -> l
 
 
 def pack_members(events: Sequence[T], members: Sequence[Member | None]) -> list[T | dict[str, Any]]:
-    """:func:`pack_runs` with every event's member already read (``members[i]`` is ``member_of(events[i])``)."""
+    """:func:`pack_runs` with every event's member already read (``members[i]`` is ``member_of(events[i])``).
+
+    The current run is held as the index of its first event, its length, and its members' times and deltas.
+    """
+    if len(events) != len(members):
+        raise ValueError("pack_members needs one member per event")
     out: list[T | dict[str, Any]] = []
-    run: list[tuple[Member, T]] = []
-
-    def flush() -> None:
-        if len(run) >= MIN_RUN:
-            out.append(build_row(run[0][0][0], [(m[1], m[2], m[3]) for m, _ in run]))
-        else:
-            out.extend(event for _, event in run)
-        run.clear()
-
-    for event, member in zip(events, members, strict=True):
-        if member is None:
-            flush()
-            out.append(event)
-            continue
-        if run:
-            prev = run[-1][0]
+    start = size = 0  # the current run: events[start : start + size] (size 0: none)
+    key: tuple[object, ...] = ()
+    seq0 = seq = time = 0
+    times: list[int] = []
+    deltas: list[str] = []
+    for i, member in enumerate(members):
+        if member is not None:
+            next_key, next_seq, next_time, delta = member
             # Both times are safe ints, so the gap is exact in Python; it must itself be safe so that JS readers
             # (and our row validation) can represent it: 2**53-1 minus its negation is not.
-            if member[0] == prev[0] and member[1] == prev[1] + 1 and abs(member[2] - prev[2]) <= MAX_SAFE_INTEGER:
-                run.append((member, event))
+            if size and next_key == key and next_seq == seq + 1 and abs(next_time - time) <= MAX_SAFE_INTEGER:
+                size += 1
+                seq, time = next_seq, next_time
+                times.append(time)
+                deltas.append(delta)
                 continue
-            flush()
-        run.append((member, event))
-    flush()
+        if size >= MIN_RUN:
+            out.append(_row(key, seq0, times, deltas))
+        elif size:
+            out.extend(events[start : start + size])
+        if member is None:
+            size = 0
+            out.append(events[i])
+            continue
+        start, size, key, seq0, seq, time = i, 1, next_key, next_seq, next_seq, next_time
+        times = [time]
+        deltas = [delta]
+    if size >= MIN_RUN:
+        out.append(_row(key, seq0, times, deltas))
+    elif size:
+        out.extend(events[start : start + size])
     return out
 
 
