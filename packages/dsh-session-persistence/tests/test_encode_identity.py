@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from dsh.session_persistence._model.jsonvalue import MAX_SAFE_INTEGER
+import pytest
+from dsh.session_persistence._model.jsonvalue import MAX_SAFE_INTEGER, NotLosslessJsonError
 from dsh.session_persistence._wire.chunk_rows import MIN_RUN, build_row, run_key
 from dsh.session_persistence._wire.codec import decode_event
 from dsh.session_persistence._wire.storage_lines import encode_storage_lines
+from dsh.session_persistence.events import OpaqueEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -174,3 +176,20 @@ def test_the_oracle_packs_a_streamed_block() -> None:
     stored = old_encoding(events, pack_chunks=True)
     assert stored.count(b"\n") == 1 and b'"text-chunks"' in stored
     assert encode_storage_lines(events, pack_chunks=True) == stored
+
+
+@pytest.mark.parametrize("pack_chunks", [True, False])
+def test_an_event_nested_too_deeply_is_named_by_its_type_and_seq(pack_chunks: bool) -> None:
+    """The batch is encoded in one call; when that fails, the error still names the event (as each line did)."""
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    chunk = {"type": "text-delta", "index": 0, "text": "a"}
+    wire = [
+        {"type": "assistant/chunk", "seq": s, "time": 1, "data": {"turn": 1, "step": 1, "chunk": chunk}}
+        for s in range(4)
+    ]
+    events: list[Any] = [decode_event(w) for w in wire]
+    events.append(OpaqueEvent(type="x/deep", seq=4, time=1, data=deep))
+    with pytest.raises(NotLosslessJsonError, match=r'session event "x/deep" \(seq 4\) .*nested too deeply'):
+        encode_storage_lines(events, pack_chunks=pack_chunks)

@@ -22,7 +22,7 @@ from .._model.events import AssistantChunk, AssistantChunkData, ReasoningDeltaCh
 from .._model.jsonvalue import MAX_SAFE_INTEGER
 from .chunk_rows import ABSENT, Member, pack_members, plain_member
 
-__all__ = ["encode_chunk_run"]
+__all__ = ["chunk_run_values", "encode_chunk_run"]
 
 _encoder = msgspec.json.Encoder()
 _Key = tuple[object, ...]
@@ -181,6 +181,13 @@ def _members(events: Sequence[AssistantChunk]) -> list[Member | None]:
 def _verbatim(event: AssistantChunk) -> bytes:
     # The plain-JSON form's bytes (what the packer passes through), also for a hand-built struct.
     return _encoder.encode(msgspec.to_builtins(event))
+
+
+def chunk_run_values(events: Sequence[AssistantChunk]) -> list[Any]:
+    """The plain-JSON values whose encodings are :func:`encode_chunk_run`'s lines: rows, and the plain-JSON form of
+    every event written verbatim (so a batch can encode them with its other events in one call)."""
+    to_builtins = msgspec.to_builtins
+    return [value if type(value) is dict else to_builtins(value) for value in pack_members(events, _members(events))]
 
 
 def encode_chunk_run(events: Sequence[AssistantChunk]) -> list[bytes]:
