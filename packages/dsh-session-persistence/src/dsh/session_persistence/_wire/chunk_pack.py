@@ -135,6 +135,16 @@ def _members(events: Sequence[AssistantChunk]) -> list[Member | None]:
     previous member passed the same checks, and the key built then is reused. Anything else is
     :func:`_member_of`'s call.
     """
+    # Locals, not globals or builtins, in the loop (each global lookup is a dict probe per event).
+    chunk_data, text_delta, reasoning_delta, unset, exact_int, exact_str = (
+        AssistantChunkData,
+        TextDeltaChunk,
+        ReasoningDeltaChunk,
+        UNSET,
+        int,
+        str,
+    )
+    high, low = MAX_SAFE_INTEGER, -MAX_SAFE_INTEGER
     out: list[Member | None] = []
     append = out.append
     key: _Key = ()
@@ -144,32 +154,32 @@ def _members(events: Sequence[AssistantChunk]) -> list[Member | None]:
     last_index: Any = None
     for event in events:
         data = event.data
-        if type(data) is AssistantChunkData:
+        if type(data) is chunk_data:
             chunk: Any = data.chunk
             kind = type(chunk)
-            if kind is TextDeltaChunk or kind is ReasoningDeltaChunk:
+            if kind is text_delta or kind is reasoning_delta:
                 seq, time, text = event.seq, event.time, chunk.text
                 if (
-                    type(seq) is int
-                    and type(time) is int
-                    and type(text) is str
-                    and event.ignorable is UNSET
-                    and 0 <= seq <= MAX_SAFE_INTEGER
-                    and -MAX_SAFE_INTEGER <= time <= MAX_SAFE_INTEGER
+                    type(seq) is exact_int
+                    and type(time) is exact_int
+                    and type(text) is exact_str
+                    and event.ignorable is unset
+                    and 0 <= seq <= high
+                    and low <= time <= high
                 ):
                     turn, step, index = data.turn, data.step, chunk.index
                     if kind is last_kind and turn is last_turn and step is last_step and index is last_index:
                         append((key, seq, time, text))
                         continue
                     if (
-                        type(turn) is int
-                        and type(step) is int
-                        and type(index) is int
-                        and -MAX_SAFE_INTEGER <= turn <= MAX_SAFE_INTEGER
-                        and -MAX_SAFE_INTEGER <= step <= MAX_SAFE_INTEGER
-                        and -MAX_SAFE_INTEGER <= index <= MAX_SAFE_INTEGER
+                        type(turn) is exact_int
+                        and type(step) is exact_int
+                        and type(index) is exact_int
+                        and low <= turn <= high
+                        and low <= step <= high
+                        and low <= index <= high
                     ):
-                        tag = "text-delta" if kind is TextDeltaChunk else "reasoning-delta"
+                        tag = "text-delta" if kind is text_delta else "reasoning-delta"
                         key = (tag, turn, step, index, None, None)
                         last_kind, last_turn, last_step, last_index = kind, turn, step, index
                         append((key, seq, time, text))

@@ -198,19 +198,20 @@ def pack_members(events: Sequence[T], members: Sequence[Member | None]) -> list[
     seq0 = seq = time = 0
     times: list[int] = []
     deltas: list[str] = []
+    high, magnitude, row = MAX_SAFE_INTEGER, abs, _row  # locals in the loop, not global lookups
     for i, member in enumerate(members):
         if member is not None:
             next_key, next_seq, next_time, delta = member
             # Both times are safe ints, so the gap is exact in Python; it must itself be safe so that JS readers
             # (and our row validation) can represent it: 2**53-1 minus its negation is not.
-            if size and next_key == key and next_seq == seq + 1 and abs(next_time - time) <= MAX_SAFE_INTEGER:
+            if size and next_key == key and next_seq == seq + 1 and magnitude(next_time - time) <= high:
                 size += 1
                 seq, time = next_seq, next_time
                 times.append(time)
                 deltas.append(delta)
                 continue
         if size >= MIN_RUN:
-            out.append(_row(key, seq0, times, deltas))
+            out.append(row(key, seq0, times, deltas))
         elif size:
             out.extend(events[start : start + size])
         if member is None:
@@ -221,7 +222,7 @@ def pack_members(events: Sequence[T], members: Sequence[Member | None]) -> list[
         times = [time]
         deltas = [delta]
     if size >= MIN_RUN:
-        out.append(_row(key, seq0, times, deltas))
+        out.append(row(key, seq0, times, deltas))
     elif size:
         out.extend(events[start : start + size])
     return out
