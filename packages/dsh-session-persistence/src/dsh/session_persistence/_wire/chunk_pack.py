@@ -18,14 +18,25 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from .._model.events import AssistantChunk, AssistantChunkData, ReasoningDeltaChunk, TextDeltaChunk, ToolCallDeltaChunk
+from .._model.events import (
+    AssistantChunk,
+    AssistantChunkData,
+    BlockEndChunk,
+    BlockStartChunk,
+    FinishChunk,
+    ReasoningDeltaChunk,
+    TextDeltaChunk,
+    ToolCallDeltaChunk,
+    UsageChunk,
+)
 from .._model.jsonvalue import MAX_SAFE_INTEGER
-from .chunk_rows import ABSENT, Member, pack_members, plain_member
+from .chunk_rows import ABSENT, Member, pack_members, pack_runs, plain_member
 
 __all__ = ["chunk_run_values", "encode_chunk_run"]
 
 _encoder = msgspec.json.Encoder()
 _Key = tuple[object, ...]
+_BOUNDARY_KINDS = frozenset({BlockStartChunk, BlockEndChunk, UsageChunk, FinishChunk})
 _UNDECIDED = object()  # an attribute of an inexact type: the plain-JSON packer decides this event
 
 
@@ -184,6 +195,11 @@ def _members(events: Sequence[AssistantChunk]) -> list[Member | None]:
                         last_kind, last_turn, last_step, last_index = kind, turn, step, index
                         append((key, seq, time, text))
                         continue
+            elif kind in _BOUNDARY_KINDS:
+                # Its plain-JSON chunk type is its class's tag, never a delta kind: the plain-JSON packer writes it
+                # verbatim whatever else it holds (no need to build that form to ask).
+                append(None)
+                continue
         append(_member_of(event))
     return out
 
@@ -202,8 +218,13 @@ def chunk_run_values(events: Sequence[AssistantChunk]) -> list[Any]:
 
 def encode_chunk_run(events: Sequence[AssistantChunk]) -> list[bytes]:
     """The storage lines of consecutive ``assistant/chunk`` events: the same bytes as encoding each value of
-    ``pack_chunk_rows(msgspec.to_builtins(events))``."""
+    ``pack_chunk_rows(msgspec.to_builtins(events))``.
+
+    Every member is read by :func:`_member_of`, in order, and every line encoded on its own: the error path of a
+    batch encode, which raises what reading and encoding the events one by one raises (:func:`chunk_run_values`
+    is the fast path).
+    """
     return [
         _encoder.encode(value) if type(value) is dict else _verbatim(value)  # type: ignore[arg-type]
-        for value in pack_members(events, _members(events))
+        for value in pack_runs(events, _member_of)
     ]
