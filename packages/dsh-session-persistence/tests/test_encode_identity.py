@@ -106,13 +106,15 @@ def _wire_batch(draw: st.DrawFn) -> list[Any]:
         elif shape <= 9:
             chunk_seqs.append(seq)
             env("assistant/chunk", {**base, "chunk": {"type": "reasoning-delta", "index": index, "text": draw(_text)}})
-        elif shape <= 11:
-            chunk: dict[str, Any] = {"type": "tool-call-delta", "index": index, "id": f"c{index}"}
-            if draw(st.booleans()):
-                chunk["name"] = draw(st.sampled_from(["read", "ü"]))
-            chunk["argumentsDelta"] = draw(_text)
-            chunk_seqs.append(seq)
-            env("assistant/chunk", {**base, "chunk": chunk})
+        elif shape <= 11:  # a burst of one call's deltas (named or not), as a provider streams its arguments
+            named = draw(st.booleans())
+            for _ in range(draw(st.integers(1, 5))):
+                chunk: dict[str, Any] = {"type": "tool-call-delta", "index": index, "id": f"c{index}"}
+                if named:
+                    chunk["name"] = draw(st.sampled_from(["read", "ü"]))
+                chunk["argumentsDelta"] = draw(_text)
+                chunk_seqs.append(seq)
+                env("assistant/chunk", {**base, "chunk": chunk})
         elif shape == 12:
             env("assistant/chunk", {**base, "chunk": {"type": "block-start", "index": index, "blockType": "text"}})
         elif shape == 13:
