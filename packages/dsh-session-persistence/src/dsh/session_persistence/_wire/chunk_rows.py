@@ -7,8 +7,9 @@ consecutive, same-block delta chunks by one row tagged ``text-chunks``, ``reason
 session events: readers expand them back to the exact original events, so packed, unpacked and mixed
 files load identically.
 
-The rule lives here once: :func:`pack_runs` is the one packer (runs to rows, for plain-JSON events through
-:func:`pack_chunk_rows` and for typed events through :func:`~.chunk_pack.encode_chunk_run`) and
+The rule lives here once: :func:`pack_members` is the one packer (runs to rows, for plain-JSON events through
+:func:`pack_runs` and :func:`pack_chunk_rows`, and for typed events through :func:`~.chunk_pack.encode_chunk_run`,
+which reads the members itself) and
 :func:`row_events` the one unpacker (a row's member events, for :func:`expand_chunk_row` and the typed decoders
 of :mod:`.storage_lines`). The run key is read from the event wire form ``{"type", "seq", "time", "data"}``.
 The packer whitelists exact shapes: anything it does not fully recognise is written verbatim, so an
@@ -45,6 +46,7 @@ __all__ = [
     "expand_chunk_row",
     "expand_chunk_rows",
     "pack_chunk_rows",
+    "pack_members",
     "pack_runs",
     "plain_member",
     "row_events",
@@ -146,11 +148,14 @@ def run_key(event: object) -> tuple[object, ...] | None:
 
 def build_row(key: tuple[object, ...], members: Sequence[tuple[int, int, str]]) -> dict[str, Any]:
     """The row of a run: ``key`` from :func:`run_key`, ``members`` as ``(seq, time, delta text)`` in order."""
+    return _row(key, members[0][0], [member[1] for member in members], [member[2] for member in members])
+
+
+def _row(key: tuple[object, ...], seq0: int, times: list[int], deltas: list[str]) -> dict[str, Any]:
+    """:func:`build_row` from the run's first seq and its members' times and deltas."""
     kind, turn, step, index, call_id, name = key
-    times = [member[1] for member in members]
     dt = [b - a for a, b in pairwise(times)]
     data: dict[str, Any] = {"turn": turn, "step": step, "index": index, "dt": dt}
-    deltas = [member[2] for member in members]
     if kind == "tool-call-delta":
         data["id"] = call_id
         if name is not ABSENT:
@@ -158,7 +163,7 @@ def build_row(key: tuple[object, ...], members: Sequence[tuple[int, int, str]]) 
         data["args"] = deltas
     else:
         data["texts"] = deltas
-    return {"type": _TAG_OF_KIND[kind], "seq0": members[0][0], "time0": times[0], "data": data}  # type: ignore[index]
+    return {"type": _TAG_OF_KIND[kind], "seq0": seq0, "time0": times[0], "data": data}  # type: ignore[index]
 
 
 Member = tuple[tuple[object, ...], int, int, str]
@@ -176,32 +181,50 @@ def pack_runs(events: Iterable[T], member_of: Callable[[T], Member | None]) -> l
     while the key stays equal, the seq grows by exactly one and the time gap is a safe integer. Stateless per
     batch: a run split by a flush boundary is packed (or not) per batch.
     """
+    events = list(events)
+    return pack_members(events, list(map(member_of, events)))
+
+
+def pack_members(events: Sequence[T], members: Sequence[Member | None]) -> list[T | dict[str, Any]]:
+    """:func:`pack_runs` with every event's member already read (``members[i]`` is ``member_of(events[i])``).
+
+    The current run is held as the index of its first event, its length, and its members' times and deltas.
+    """
+    if len(events) != len(members):
+        raise ValueError("pack_members needs one member per event")
     out: list[T | dict[str, Any]] = []
-    run: list[tuple[Member, T]] = []
-
-    def flush() -> None:
-        if len(run) >= MIN_RUN:
-            out.append(build_row(run[0][0][0], [(m[1], m[2], m[3]) for m, _ in run]))
-        else:
-            out.extend(event for _, event in run)
-        run.clear()
-
-    for event in events:
-        member = member_of(event)
-        if member is None:
-            flush()
-            out.append(event)
-            continue
-        if run:
-            prev = run[-1][0]
+    start = size = 0  # the current run: events[start : start + size] (size 0: none)
+    key: tuple[object, ...] = ()
+    seq0 = seq = time = 0
+    times: list[int] = []
+    deltas: list[str] = []
+    high, magnitude, row = MAX_SAFE_INTEGER, abs, _row  # locals in the loop, not global lookups
+    for i, member in enumerate(members):
+        if member is not None:
+            next_key, next_seq, next_time, delta = member
             # Both times are safe ints, so the gap is exact in Python; it must itself be safe so that JS readers
             # (and our row validation) can represent it: 2**53-1 minus its negation is not.
-            if member[0] == prev[0] and member[1] == prev[1] + 1 and abs(member[2] - prev[2]) <= MAX_SAFE_INTEGER:
-                run.append((member, event))
+            if size and next_key == key and next_seq == seq + 1 and magnitude(next_time - time) <= high:
+                size += 1
+                seq, time = next_seq, next_time
+                times.append(time)
+                deltas.append(delta)
                 continue
-            flush()
-        run.append((member, event))
-    flush()
+        if size >= MIN_RUN:
+            out.append(row(key, seq0, times, deltas))
+        elif size:
+            out.extend(events[start : start + size])
+        if member is None:
+            size = 0
+            out.append(events[i])
+            continue
+        start, size, key, seq0, seq, time = i, 1, next_key, next_seq, next_seq, next_time
+        times = [time]
+        deltas = [delta]
+    if size >= MIN_RUN:
+        out.append(row(key, seq0, times, deltas))
+    elif size:
+        out.extend(events[start : start + size])
     return out
 
 

@@ -24,7 +24,7 @@ from .._model.events import (
     SessionEvent,
 )
 from .._model.jsonvalue import MAX_SAFE_INTEGER
-from .chunk_pack import encode_chunk_run
+from .chunk_pack import chunk_run_values, encode_chunk_run
 from .chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, row_events, row_member_count
 from .codec import check_typed_surface, decode_event, decode_event_line, encode_event
 
@@ -62,11 +62,35 @@ def encode_storage_lines(events: Sequence[SessionEvent], *, pack_chunks: bool) -
     """A batch's storage lines joined by LF plus one trailing LF (``b""`` for an empty batch).
 
     With ``pack_chunks`` each run of packable ``assistant/chunk`` deltas becomes one chunk row. Only chunk events
-    go through the packer (on their structs, :func:`~._chunk_pack.encode_chunk_run`); every other event ends a run
+    go through the packer (on their structs, :func:`~._chunk_pack.chunk_run_values`); every other event ends a run
     anyway, so it is encoded straight from its struct: the same bytes as packing the whole batch as plain JSON.
+    The batch's values are encoded in one ``encode_lines`` call; if anything fails on the way, the batch is encoded
+    again line by line (:func:`_encode_each`), which raises what it always raised.
     """
     if not events:
         return b""
+    try:
+        if not pack_chunks:
+            return _encoder.encode_lines(events)
+        values: list[Any] = []
+        run: list[AssistantChunk] = []
+        for event in events:
+            if type(event) is AssistantChunk:
+                run.append(event)
+                continue
+            if run:
+                values.extend(chunk_run_values(run))
+                run = []
+            values.append(event)
+        if run:
+            values.extend(chunk_run_values(run))
+        return _encoder.encode_lines(values)
+    except Exception:  # the line-by-line path decides, and names the defect as before (RecursionError too)
+        return _encode_each(events, pack_chunks=pack_chunks)
+
+
+def _encode_each(events: Sequence[SessionEvent], *, pack_chunks: bool) -> bytes:
+    """:func:`encode_storage_lines` one line at a time (its error path: each event's own error text)."""
     if not pack_chunks:
         return b"\n".join(encode_event(e) for e in events) + b"\n"
     lines: list[bytes] = []
