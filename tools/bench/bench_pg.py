@@ -19,11 +19,10 @@ from bench_common import ENTRY, QUICK, Config, Report, WriteRun, _fmt, _ratio, m
 from bench_pg_cluster import (
     ThrowawayCluster,
     _postgres,
-    find_pg_bin,
     load_full_stack,
+    open_server,
     pg_drop_schemas,
     pg_server_version,
-    postgres_unavailable_reason,
     run_postgres,
     write_pg_session,
 )
@@ -193,20 +192,7 @@ async def postgres_section(args: argparse.Namespace, cfg: Config, ops: list[Op],
     cluster: ThrowawayCluster | None = None
     dsn: str | None = args.postgres_dsn
     if pg["status"] == "ok":
-        reason = postgres_unavailable_reason()
-        if reason is None and dsn is None:
-            bin_dir = find_pg_bin()
-            if bin_dir is None:
-                reason = "unavailable: no PostgreSQL server binaries (initdb, pg_ctl) and no --postgres-dsn"
-            else:
-                cluster = ThrowawayCluster(bin_dir)
-                try:
-                    cluster.start()
-                    dsn = cluster.dsn
-                except Exception as exc:
-                    cluster.close()
-                    cluster = None
-                    reason = f"unavailable: throwaway cluster failed to start: {exc}"
+        dsn, cluster, reason = open_server(dsn)
         if reason is None and dsn is not None:
             try:
                 pg["server_version"] = pg_server_version(dsn)

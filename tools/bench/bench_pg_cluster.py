@@ -51,6 +51,28 @@ def find_pg_bin() -> str | None:
     return None
 
 
+def open_server(dsn: str | None) -> tuple[str | None, ThrowawayCluster | None, str | None]:
+    """The server a postgres figure measures: ``dsn`` (``--postgres-dsn``), else a throwaway cluster started here.
+
+    Returns ``(dsn, cluster, reason)``: ``reason`` ("unavailable: <why>", one line) when there is none (psycopg or the
+    backend missing, no server binaries, a cluster that would not start; that cluster is closed again); ``cluster``
+    is the one to close afterwards, or ``None`` for a caller's server.
+    """
+    reason = postgres_unavailable_reason()
+    if reason is not None or dsn is not None:
+        return dsn, None, reason
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        return None, None, "unavailable: no PostgreSQL server binaries (initdb, pg_ctl) and no --postgres-dsn"
+    cluster = ThrowawayCluster(bin_dir)
+    try:
+        cluster.start()
+    except Exception as exc:
+        cluster.close()
+        return None, None, " ".join(f"unavailable: throwaway cluster failed to start: {exc}".split())
+    return cluster.dsn, cluster, None
+
+
 class ThrowawayCluster:
     """A PostgreSQL cluster in a temporary directory (``initdb`` + ``pg_ctl``) on a free loopback port.
 

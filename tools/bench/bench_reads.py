@@ -22,25 +22,21 @@ import argparse
 import gc
 import os
 import shutil
-import time
 from typing import Any
 
 from bench_commits import commit_workload
 from bench_common import Config, Report, _fmt, _ratio, median
 from bench_load import load_raw, load_section
 from bench_pg_cluster import (
-    ThrowawayCluster,
     _postgres,
-    find_pg_bin,
     load_full_stack,
+    open_server,
     pg_drop_schemas,
-    postgres_unavailable_reason,
     write_pg_session,
 )
 from bench_sealed import KINDS, backend_for
 from bench_workload import SESSION_ID
 from bench_writes import _dsh_reload, _dsh_resume_after_preview, full_stack_write, run_raw
-from dsh.session_persistence import Host, PersistenceCoordinator, SessionStore
 
 RELOAD_REPS_FACTOR = 4
 
@@ -97,14 +93,9 @@ async def reload_figures(cfg: Config, report: Report, scratch: str) -> None:
 
 
 async def _reload_kind(kind: str, root: str, expected: int) -> float:
-    host = Host()
-    SessionStore(host)
-    async with PersistenceCoordinator(host, backend_for(kind, root)) as coordinator:
-        start = time.perf_counter()
-        view = await coordinator.load(SESSION_ID)
-        seconds = time.perf_counter() - start
-    if len(view.events) != expected:
-        raise AssertionError(f"{kind} reload returned {len(view.events)} events, expected {expected}")
+    seconds, loaded = await load_full_stack(backend_for(kind, root), SESSION_ID)
+    if loaded != expected:
+        raise AssertionError(f"{kind} reload returned {loaded} events, expected {expected}")
     return seconds
 
 
@@ -140,17 +131,7 @@ async def postgres_sealed_load_figures(args: argparse.Namespace, cfg: Config, re
     f["postgres"] = pg
     label, target = cfg.load_sizes[0]
     print(f"\nreads: sealed PostgreSQL load vs plaintext ({label}); median of {cfg.reps}", flush=True)
-    dsn: str | None = args.postgres_dsn
-    cluster: ThrowawayCluster | None = None
-    reason = postgres_unavailable_reason()
-    if reason is None and dsn is None:
-        bin_dir = find_pg_bin()
-        if bin_dir is None:
-            reason = "unavailable: no PostgreSQL server binaries (initdb, pg_ctl) and no --postgres-dsn"
-        else:
-            cluster = ThrowawayCluster(bin_dir)
-            cluster.start()
-            dsn = cluster.dsn
+    dsn, cluster, reason = open_server(args.postgres_dsn)
     if reason is not None or dsn is None:
         pg["status"] = reason or "unavailable"
         report.row("load MB/s postgres sealed/plaintext", "unavailable", pg["status"])
