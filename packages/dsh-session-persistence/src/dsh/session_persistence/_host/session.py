@@ -22,6 +22,7 @@ from .._model.errors import (
     SessionLifecycleError,
 )
 from .._model.events import (
+    AssistantChunk,
     AssistantMessage,
     EndSeed,
     EndSeedData,
@@ -35,10 +36,11 @@ from .._model.events import (
 )
 from .._model.header import SESSION_FORMAT_VERSION, SessionHeader, header_from_builtins, header_to_builtins
 from .._model.ids import check_session_id
-from .._model.jsonvalue import is_safe_int, snapshot_json, snapshot_record
+from .._model.jsonvalue import MAX_SAFE_INTEGER, is_safe_int, snapshot_json, snapshot_record
 from .._model.repair import has_open_turn
 from .._model.validator import TurnValidator, validate_turns
 from .._wire.codec import build_event, decode_event, event_to_builtins
+from .._wire.delta_chunks import delta_chunk_data
 from .fork import SessionForkError, fork_seed
 from .gather import Settled, gather_settled
 from .reconcile import substitute_finding
@@ -261,6 +263,18 @@ class Session:
         A failure before the commit leaves the log unchanged; after the commit the append is final and observer
         failures are logged by the host, never raised here.
         """
+        if event_type == "assistant/chunk" and source_event_seqs is None and not ignorable and not self._publishing:
+            # A streamed delta (most appends) is built straight from ``data``; anything else takes the path below.
+            chunk_data = delta_chunk_data(data)
+            if chunk_data is not None:
+                seq = len(self._events)
+                time = self._clock()
+                if type(time) is int and -MAX_SAFE_INTEGER <= time <= MAX_SAFE_INTEGER:
+                    chunk: SessionEvent = AssistantChunk(seq=seq, time=time, data=chunk_data)
+                else:  # a clock gone wrong: the general build names it (the clock is read once either way)
+                    chunk = build_event(event_type, seq, time, snapshot_json(data), None, False)
+                self._commit(chunk)
+                return chunk
         payload: Any = snapshot_record(data)  # the usual dict payload, copied without building the label below
         if payload is None:
             payload = snapshot_json(data, f'session event "{event_type}" data')
