@@ -209,6 +209,19 @@ class Session:
             snap = self._snapshot = tuple(self._events)
         return snap
 
+    def events_from(self, start: int) -> tuple[SessionEvent, ...]:
+        """The events with ``seq >= start``, as an immutable tuple (empty past the end).
+
+        Copies only that tail: for a reader that wants what a turn or a step appended, where :attr:`events` would
+        build a snapshot of the whole log after every append.
+        """
+        if not is_safe_int(start) or start < 0:
+            raise TypeError(f"SessionLogOffset must be a non-negative safe integer, got {start!r}")
+        snap = self._snapshot
+        if snap is not None:
+            return snap[start:]
+        return tuple(self._events[start:])
+
     def __len__(self) -> int:
         return len(self._events)
 

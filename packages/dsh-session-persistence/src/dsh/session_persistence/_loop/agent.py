@@ -16,11 +16,13 @@ from .._host.reconcile import DEFAULT_RECONCILE_TIMEOUT_S
 from .._model.errors import CheckpointPolicyMissingError, SessionIdCollisionError
 from .._model.events import (
     Message,
+    RequestContext,
     TextBlock,
     TurnEnd,
     TurnStart,
     UserSource,
 )
+from .latest import LatestOfType
 from .model_step import ModelSteps
 from .protocols import (
     DEFAULT_MAX_PARALLEL_TOOL_CALLS,
@@ -134,7 +136,8 @@ class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
         self._signal: CancelSignal | None = None
         self._slots: list[_Slot] = []  # the current step's started tool calls
         self._requested = False  # whether this loop instance already logged a request header
-        self._context_scan = (None, 0, None)  # see ModelSteps._request_context
+        self._context_scan = LatestOfType(RequestContext)  # see ModelSteps._request_context
+        self._turn_scan = LatestOfType(TurnStart)
         self._closed = False
         self._require_checkpoint_policy = require_checkpoint_policy
         self._preflight_done = not self._owns_session  # a created session is checked against storage first
@@ -253,10 +256,8 @@ class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
 
     def last_turn(self) -> int:
         """The number of the last turn started in the session (0 if none)."""
-        for event in reversed(self._session.events):
-            if type(event) is TurnStart:
-                return event.data.turn
-        return 0
+        found = self._turn_scan.find(self._session)
+        return 0 if found is None else found.data.turn
 
     # ---------------------------------------------------------------------------------------------
     # Control
@@ -323,10 +324,10 @@ class AgentLoop(ToolSteps, ModelSteps, ResumeSteps):
         self._signal = signal
         self.host.agent_status(self, "running")
         try:
-            start = len(self._session.events)
+            start = len(self._session)
             claimed = [] if messages is None else self._user_messages(messages)
             end = await self._turn(claimed, signal, continues)
-            return turn_result(self._session.events[start:], end)
+            return turn_result(self._session.events_from(start), end)
         finally:
             self._signal = None
             self.host.agent_status(self, "idle")

@@ -24,6 +24,7 @@ from .._model.events import (
     ToolCallDeltaChunk,
     UsageChunk,
 )
+from .latest import LatestOfType
 from .protocols import LlmError, _aclose, _builtins
 
 if TYPE_CHECKING:
@@ -105,9 +106,8 @@ class ModelSteps:
     _session: Session
     _tool_specs: tuple[Any, ...]
     _requested: bool
-    #: The last ``request/context`` data found, the events scanned for it, and the last scanned event (to notice a
-    #: log cut and refilled to the same length).
-    _context_scan: tuple[RequestContextData | None, int, object]
+    #: The log's last ``request/context`` event, looked for only among the events appended since the last step.
+    _context_scan: LatestOfType[RequestContext]
 
     #: The tool half of the step (``ToolSteps._run_tools`` in AgentLoop); declared, never defined here.
     _run_tools: Callable[[int, int, list[dict[str, Any]], CancelSignal], Awaitable[None]]
@@ -135,17 +135,8 @@ class ModelSteps:
         Scans only the events appended since the last call (a step used to walk the whole log back to the context
         logged in the first turn: quadratic over a long session); a log cut since (``truncate``) is scanned again.
         """
-        events = self._session.events
-        context, scanned, last = self._context_scan
-        if scanned > len(events) or (scanned and events[scanned - 1] is not last):
-            context, scanned = None, 0
-        for event in reversed(events[scanned:]):
-            if type(event) is RequestContext:
-                context = event.data
-                break
-        if events:
-            self._context_scan = (context, len(events), events[-1])
-        return context
+        found = self._context_scan.find(self._session)
+        return None if found is None else found.data
 
     async def _step(self, turn: int, step: int, signal: CancelSignal) -> Literal["completed", "max-tokens"] | None:
         session = self._session
