@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -28,6 +28,7 @@ __all__ = [
     "JsonValue",
     "NotLosslessJsonError",
     "is_json_value",
+    "is_plain_str",
     "is_safe_int",
     "snapshot_json",
     "snapshot_record",
@@ -294,6 +295,11 @@ def _snapshot_tree(root: dict[str, Any] | list[Any], what: str) -> JsonValue:
         ancestors.add(cid)
 
     return root_copy  # type: ignore[no-any-return]
+
+
+def is_plain_str(value: object) -> TypeGuard[str]:
+    """An exact ``str`` that :func:`snapshot_json` accepts as it is (no surrogate code points)."""
+    return type(value) is str and (value.isascii() or _str_ok(value))
 
 
 def _str_ok(s: str) -> bool:

@@ -15,7 +15,7 @@ and the general path builds the event or names the defect, so results and errors
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import Any
 
 from .._model.events import (
     AssistantChunkData,
@@ -23,24 +23,11 @@ from .._model.events import (
     TextDeltaChunk,
     ToolCallDeltaChunk,
 )
-from .._model.jsonvalue import MAX_SAFE_INTEGER
+from .._model.jsonvalue import MAX_SAFE_INTEGER, is_plain_str
 
 __all__ = ["delta_chunk_data"]
 
 _TEXT_KINDS: dict[object, Any] = {"text-delta": TextDeltaChunk, "reasoning-delta": ReasoningDeltaChunk}
-
-
-def _plain_str(value: object) -> TypeGuard[str]:
-    """An exact ``str`` that UTF-8 JSON carries unchanged (no surrogate code points)."""
-    if type(value) is not str:
-        return False
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def delta_chunk_data(data: object) -> AssistantChunkData | None:
@@ -78,19 +65,19 @@ def delta_chunk_data(data: object) -> AssistantChunkData | None:
     text_kind = _TEXT_KINDS.get(kind) if type(kind) is str else None
     if text_kind is not None:
         text = chunk.get("text")
-        if len(chunk) != 3 or not _plain_str(text):
+        if len(chunk) != 3 or not is_plain_str(text):
             return None
         built = text_kind(index=index, text=text)
     elif type(kind) is str and kind == "tool-call-delta":
         call_id = chunk.get("id")
         delta = chunk.get("argumentsDelta")
-        if not (_plain_str(call_id) and _plain_str(delta)):
+        if not (is_plain_str(call_id) and is_plain_str(delta)):
             return None
         if len(chunk) == 4:
             built = ToolCallDeltaChunk(index=index, id=call_id, arguments_delta=delta)
         else:
             name = chunk.get("name")
-            if len(chunk) != 5 or not _plain_str(name):
+            if len(chunk) != 5 or not is_plain_str(name):
                 return None
             built = ToolCallDeltaChunk(index=index, id=call_id, arguments_delta=delta, name=name)
     else:
