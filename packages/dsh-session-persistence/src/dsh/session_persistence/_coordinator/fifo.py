@@ -68,10 +68,14 @@ class FifoChains:
         """Leave the queue (idempotent) and wake the follower."""
         queue = self.queues.get(session_id)
         if queue is not None:
-            with suppress(ValueError):
-                queue.remove(ticket)
-            if not queue:
+            if len(queue) == 1 and queue[0] is ticket:
+                # The common case (a live commit's ticket, alone in its id's queue): no search, no scan.
                 del self.queues[session_id]
+            else:
+                with suppress(ValueError):  # released already (idempotent)
+                    queue.remove(ticket)
+                if not queue:
+                    del self.queues[session_id]
         ticket.leave()
 
     async def run(self, session_id: str, func: Callable[[], Awaitable[T]], ticket: Ticket | None = None) -> T:

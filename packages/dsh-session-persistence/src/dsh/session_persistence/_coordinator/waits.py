@@ -49,10 +49,11 @@ class Signal:
     at once, after a cancellation check; the error is raised to every waiter.
     """
 
-    __slots__ = ("_error", "_is_set", "_trio", "_waiters")
+    __slots__ = ("_error", "_is_set", "_loop", "_trio", "_waiters")
 
-    def __init__(self, library: str) -> None:
+    def __init__(self, library: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._trio = library == "trio"
+        self._loop = loop  # asyncio: the loop its futures belong to (else the running loop, asked per wait)
         self._is_set = False
         self._error: BaseException | None = None
         self._waiters: list[Any] | None = None
@@ -89,7 +90,8 @@ class Signal:
             raise error
 
     async def _park_asyncio(self) -> None:
-        future = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        future = (loop if loop is not None else asyncio.get_running_loop()).create_future()
         waiters = self._waiters
         if waiters is None:
             waiters = self._waiters = []
@@ -140,22 +142,25 @@ class CompletionPort:
     completion re-entrantly). After the loop has finished, posted callbacks are dropped.
     """
 
-    __slots__ = ("_lock", "_post", "_ready", "library")
+    __slots__ = ("_lock", "_loop", "_post", "_ready", "library")
 
     def __init__(self, library: str | None = None) -> None:
         self.library = library or current_library()
+        self._loop: asyncio.AbstractEventLoop | None = None
         if self.library == "trio":
             import trio
 
             self._post: Callable[[Callable[[], None]], object] = trio.lowlevel.current_trio_token().run_sync_soon
         else:
-            self._post = asyncio.get_running_loop().call_soon_threadsafe
+            loop = self._loop = asyncio.get_running_loop()
+            self._post = loop.call_soon_threadsafe
         self._lock = threading.Lock()
         self._ready: list[Callable[[], None]] = []
 
     def signal(self) -> Signal:
-        """A new :class:`Signal` for this port's loop."""
-        return Signal(self.library)
+        """A new :class:`Signal` for this port's loop (on asyncio its futures are made on that loop, which is not
+        looked up again per wait)."""
+        return Signal(self.library, self._loop)
 
     def post(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` soon on the loop (thread-safe; one scheduled call serves every pending callback)."""
