@@ -61,7 +61,7 @@ class StoredPrefix:
 
     meta: SessionHeader
     inherited_event_count: int
-    events: list[SessionEvent]
+    events: Sequence[SessionEvent]
     revision: str
     torn_marker: object | None = None
 
@@ -72,7 +72,7 @@ class StoredSuffix:
 
     meta: SessionHeader
     inherited_event_count: int
-    events: list[SessionEvent]
+    events: Sequence[SessionEvent]
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,40 +145,55 @@ class StoredEvents(Sequence[SessionEvent]):
     them) or ``StoredEvents(events)``. Equal to any sequence holding equal events in the same order.
     """
 
-    __slots__ = ("_ends", "_items")
+    __slots__ = ("_ends_of", "_items", "_len")
 
     def __init__(self, events: Iterable[SessionEvent] = ()) -> None:
-        self._set(list(events))
+        items: list[Segment] = list(events)
+        self._set(items, len(items))
 
-    def _set(self, items: list[Segment]) -> None:
+    def _set(self, items: list[Segment], size: int) -> None:
         self._items = items
-        self._ends = list(accumulate(item.count if type(item) is PackedRun else 1 for item in items))
+        self._len = size
+        self._ends_of: list[int] | None = None  # each segment's end index, built on the first positional access
+
+    @property
+    def _ends(self) -> list[int]:
+        ends = self._ends_of
+        if ends is None:
+            ends = self._ends_of = list(
+                accumulate(item.count if type(item) is PackedRun else 1 for item in self._items)
+            )
+        return ends
 
     @classmethod
-    def _of(cls, items: list[Segment]) -> StoredEvents:
-        """From segments (plain events and packed runs) in order (the core package's readers only)."""
+    def _of(cls, items: list[Segment], size: int | None = None) -> StoredEvents:
+        """From segments (plain events and packed runs) in order, holding ``size`` events in all (counted when
+        ``None``); for the core package's readers only."""
         out = cls.__new__(cls)
-        out._set(items)
+        if size is None:
+            size = sum(item.count if type(item) is PackedRun else 1 for item in items)
+        out._set(items, size)
         return out
 
     @classmethod
     def concat(cls, parts: Iterable[Sequence[SessionEvent]]) -> StoredEvents:
         """The events of ``parts`` one after another; a ``StoredEvents`` part keeps its runs packed."""
         items: list[Segment] = []
+        size = 0
         for part in parts:
             if type(part) is StoredEvents:
                 items.extend(part._items)
             else:
                 items.extend(part)
-        return cls._of(items)
+            size += len(part)
+        return cls._of(items, size)
 
     def _segments(self) -> list[Segment]:
         """The plain events and packed runs in order (for readers that handle a run as one unit)."""
         return self._items
 
     def __len__(self) -> int:
-        ends = self._ends
-        return ends[-1] if ends else 0
+        return self._len
 
     @overload
     def __getitem__(self, index: int) -> SessionEvent: ...

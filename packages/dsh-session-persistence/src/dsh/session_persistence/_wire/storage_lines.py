@@ -380,6 +380,7 @@ def _rows_from(values: list[Any], first_seq: int) -> tuple[StoredEvents, bool] |
     expected = first_seq
     contiguous = True
     items: list[SessionEvent | PackedRun] = []
+    size = 0
     for value in values:
         tag = _ROW_TAG_OF.get(type(value))
         if tag is None:
@@ -388,6 +389,7 @@ def _rows_from(values: list[Any], first_seq: int) -> tuple[StoredEvents, bool] |
             elif type(value) in _IGNORABLE_KINDS and value.ignorable is not True:
                 return None
             items.append(value)
+            size += 1
             if value.seq != expected:
                 contiguous = False
             expected = value.seq + 1
@@ -409,7 +411,8 @@ def _rows_from(values: list[Any], first_seq: int) -> tuple[StoredEvents, bool] |
         if run is None:
             return None
         items.append(run)
+        size += run.count
         if value.seq0 != expected:
             contiguous = False
         expected = value.seq0 + run.count
-    return StoredEvents._of(items), contiguous
+    return StoredEvents._of(items, size), contiguous
