@@ -18,7 +18,7 @@ from dsh.session_persistence.backend import (
     decode_stored_batch,
     encode_storage_lines,
 )
-from dsh.session_persistence.testing import event, step_end, step_start, turn_end, turn_start
+from dsh.session_persistence.testing import event, step_end, step_start, turn_end, turn_start, user_message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET
@@ -155,6 +155,13 @@ def test_packed_run_refuses_what_spans_fields() -> None:
     assert packed_run("text-chunks", max_safe, 0, 1, 1, 0, [1], ["a", "b"], None, UNSET) is None  # last seq unsafe
     assert packed_run("text-chunks", 0, max_safe, 1, 1, 0, [1], ["a", "b"], None, UNSET) is None  # a time above
     assert packed_run("text-chunks", 0, -max_safe, 1, 1, 0, [-1], ["a", "b"], None, UNSET) is None  # and below
+    # Gaps whose magnitudes add up past the safe range while every member time stays inside it.
+    swing = packed_run(
+        "text-chunks", 0, 5, 1, 1, 0, [max_safe - 5, 5 - max_safe, -5], ["a", "b", "c", "d"], None, UNSET
+    )
+    assert swing is not None
+    assert [e.time for e in swing.events()] == [5, max_safe, 5, 0]
+    assert packed_run("text-chunks", 0, 5, 1, 1, 0, [max_safe - 4, 4 - max_safe], ["a", "b", "c"], None, UNSET) is None
 
 
 # Random batches: every operation agrees with the expanded list.
@@ -190,3 +197,22 @@ def test_random_batches_behave_as_their_expanded_list(log: list[SessionEvent], d
     assert list(lazy[start:stop]) == log[start:stop]
     assert list(reversed(lazy)) == log[::-1]
     assert lazy == log and list(lazy) == log
+
+
+def test_a_long_log_is_indexed_from_either_end() -> None:
+    # Past the last 64 events a position is found through the segments' ends; near the end by walking back.
+    log = [turn_start(0, 1), step_start(1, 1, 1)]
+    for k in range(60):
+        log += [chunk(len(log) + j, 7, f"{k}-{j}") for j in range(4)] + [user_message(len(log) + 4, "hi")]
+    data = encode_storage_lines(log, pack_chunks=True)
+    backwards, forwards = packed_batch(data), packed_batch(data)
+    assert len(backwards) == len(log) > 200
+    assert [backwards[i] for i in range(-1, -len(log) - 1, -1)] == log[::-1]
+    assert [forwards[i] for i in range(len(log))] == log
+    assert [backwards[i] for i in range(len(log))] == log
+
+
+def packed_batch(data: bytes) -> StoredEvents:
+    decoded = decode_stored_batch(data, 0)[0]
+    assert isinstance(decoded, StoredEvents)
+    return decoded

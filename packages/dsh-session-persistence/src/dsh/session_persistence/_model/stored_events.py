@@ -44,13 +44,27 @@ class PackedRun:
     by one); ``count`` how many members there are. Built only by :func:`packed_run`.
     """
 
-    __slots__ = ("_events", "call_id", "count", "index", "members", "name", "seq0", "step", "tag", "times", "turn")
+    __slots__ = (
+        "_events",
+        "call_id",
+        "count",
+        "dt",
+        "index",
+        "members",
+        "name",
+        "seq0",
+        "step",
+        "tag",
+        "time0",
+        "turn",
+    )
 
     def __init__(
         self,
         tag: str,
         seq0: int,
-        times: list[int],
+        time0: int,
+        dt: list[int],
         turn: int,
         step: int,
         index: int,
@@ -60,7 +74,8 @@ class PackedRun:
     ) -> None:
         self.tag = tag
         self.seq0 = seq0
-        self.times = times
+        self.time0 = time0
+        self.dt = dt
         self.turn = turn
         self.step = step
         self.index = index
@@ -99,19 +114,21 @@ def packed_run(
     ``dt`` a safe int, ``members`` strings; ``name`` is ``UNSET`` for a nameless tool run). Checked here: one
     ``dt`` per gap between members (so at least one member), the last seq and every member's time safe integers.
     """
-    if len(dt) != len(members) - 1:
+    if len(dt) != len(members) - 1 or seq0 + len(members) - 1 > MAX_SAFE_INTEGER:
         return None
-    times = list(accumulate(dt, initial=time0))
-    if seq0 + len(members) - 1 > MAX_SAFE_INTEGER or min(times) < -MAX_SAFE_INTEGER:
-        return None
-    if max(times) > MAX_SAFE_INTEGER:
-        return None
-    return PackedRun(tag, seq0, times, turn, step, index, members, call_id, name)
+    # Every member time is time0 plus a prefix sum of dt, so |time0| + sum|dt| bounds them all: within the safe
+    # range (every real log) nothing more is needed; past it, the times themselves decide.
+    if abs(time0) + sum(map(abs, dt)) > MAX_SAFE_INTEGER:
+        times = list(accumulate(dt, initial=time0))
+        if min(times) < -MAX_SAFE_INTEGER or max(times) > MAX_SAFE_INTEGER:
+            return None
+    return PackedRun(tag, seq0, time0, dt, turn, step, index, members, call_id, name)
 
 
 def _build(run: PackedRun) -> list[SessionEvent]:
     turn, step, index = run.turn, run.step, run.index
     seqs = range(run.seq0, run.seq0 + run.count)
+    times = accumulate(run.dt, initial=run.time0)
     if run.tag == _TOOL_TAG:
         call_id, name = run.call_id, run.name
         return [
@@ -124,18 +141,22 @@ def _build(run: PackedRun) -> list[SessionEvent]:
                     chunk=ToolCallDeltaChunk(index=index, id=call_id, name=name, arguments_delta=member),
                 ),
             )
-            for seq, time, member in zip(seqs, run.times, run.members, strict=True)
+            for seq, time, member in zip(seqs, times, run.members, strict=True)
         ]
     kind = TextDeltaChunk if run.tag == _TEXT_TAG else ReasoningDeltaChunk
     return [
         AssistantChunk(
             seq=seq, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=kind(index=index, text=member))
         )
-        for seq, time, member in zip(seqs, run.times, run.members, strict=True)
+        for seq, time, member in zip(seqs, times, run.members, strict=True)
     ]
 
 
 Segment = SessionEvent | PackedRun
+
+#: How close to the end a positional access is answered by walking back (:meth:`StoredEvents._from_end`) rather
+#: than by building the index of every segment's end.
+_TAIL = 64
 
 
 class StoredEvents(Sequence[SessionEvent]):
@@ -210,11 +231,27 @@ class StoredEvents(Sequence[SessionEvent]):
             position += size
         if not 0 <= position < size:
             raise IndexError("StoredEvents index out of range")
+        if self._ends_of is None and position >= size - _TAIL:
+            return self._from_end(size - 1 - position)
         at = bisect_right(self._ends, position)
         item = self._items[at]
         if type(item) is PackedRun:
             return item.events()[position - (self._ends[at] - item.count)]
         return item  # type: ignore[return-value]
+
+    def _from_end(self, back: int) -> SessionEvent:
+        """The event ``back`` places before the last, found by walking the segments from the end (a reader of the
+        tail, such as the repair closers' walk back to the last turn boundary, needs no index of the whole log)."""
+        for item in reversed(self._items):
+            if type(item) is PackedRun:
+                if back < item.count:
+                    return item.events()[item.count - 1 - back]
+                back -= item.count
+            elif back == 0:
+                return item  # type: ignore[return-value]
+            else:
+                back -= 1
+        raise IndexError("StoredEvents index out of range")  # pragma: no cover - the caller checked the range
 
     def _slice(self, index: slice) -> StoredEvents:
         start, stop, step = index.indices(len(self))
