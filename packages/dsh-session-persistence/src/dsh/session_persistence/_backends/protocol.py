@@ -56,7 +56,8 @@ class StoredPrefix:
 
     ``torn_marker`` is opaque to the coordinator and is present (``is not None``) iff a never-committed tail
     fragment follows ``events``; it is handed back unchanged to ``commit_repair``. ``revision`` identifies
-    exactly these values. The objects must be fresh and unshared.
+    exactly these values. The objects must be fresh and unshared. ``events`` is any sequence: a list, or a
+    :class:`~dsh.session_persistence.backend.StoredEvents` whose packed chunk runs expand only where a reader asks.
     """
 
     meta: SessionHeader

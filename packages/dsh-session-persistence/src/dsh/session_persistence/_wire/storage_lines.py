@@ -356,11 +356,11 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[Sequence[SessionEvent], bo
     try:
         values = list(map(_batch_decoder.decode, lines))
         kind_of = _KIND_OF
-        for value in values:
+        for at, value in enumerate(values):
             kind = kind_of.get(type(value))
             if kind is not None:
                 if kind is _ROW:
-                    return _rows_from(values, first_seq)
+                    return _rows_from(values, at, expected, contiguous)
                 if kind is _SURFACE:
                     check_typed_surface(value)
                 elif value.ignorable is not True:
@@ -374,14 +374,14 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[Sequence[SessionEvent], bo
     return values, contiguous
 
 
-def _rows_from(values: list[Any], first_seq: int) -> tuple[StoredEvents, bool] | None:
-    """:func:`_batch_from` for a batch that holds chunk rows: events and rows in order, each row kept as one
-    :class:`~.._model.stored_events.PackedRun` (expanded only where a reader asks for its events)."""
-    expected = first_seq
-    contiguous = True
-    items: list[SessionEvent | PackedRun] = []
-    size = 0
-    for value in values:
+def _rows_from(values: list[Any], at: int, expected: int, contiguous: bool) -> tuple[StoredEvents, bool] | None:
+    """:func:`_batch_from` for a batch that holds chunk rows, from its first row ``values[at]`` on (the values before
+    it are events :func:`_batch_from` has checked; ``expected`` and ``contiguous`` are its state there): events and
+    rows in order, each row kept as one :class:`~.._model.stored_events.PackedRun` (expanded only where a reader
+    asks for its events)."""
+    items: list[SessionEvent | PackedRun] = values[:at]
+    size = at
+    for value in values[at:]:
         tag = _ROW_TAG_OF.get(type(value))
         if tag is None:
             if value.surface:
