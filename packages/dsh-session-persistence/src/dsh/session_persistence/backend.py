@@ -81,6 +81,7 @@ from ._model.header import (
     header_to_builtins,
 )
 from ._model.jsonvalue import MAX_SAFE_INTEGER, is_safe_int
+from ._model.stored_events import StoredEvents
 from ._wire.chunk_rows import (
     CHUNK_ROW_TAGS,
     ChunkRowError,
@@ -103,6 +104,7 @@ from ._wire.storage_lines import (
     decode_storage_line,
     decode_storage_lines,
     decode_storage_lines_from,
+    decode_stored_batch,
     encode_storage_lines,
 )
 from ._wire.versions import check_format_version, first_refused_unknown, refuse_unknown_events
@@ -149,6 +151,7 @@ __all__ = [
     "StorageLineError",
     "StorageMetadata",
     "StoredArtifact",
+    "StoredEvents",
     "StoredPrefix",
     "StoredSuffix",
     "SupportsAclose",
@@ -179,6 +182,7 @@ __all__ = [
     "decode_storage_line",
     "decode_storage_lines",
     "decode_storage_lines_from",
+    "decode_stored_batch",
     "encode_event",
     "encode_list_cursor",
     "encode_storage_lines",

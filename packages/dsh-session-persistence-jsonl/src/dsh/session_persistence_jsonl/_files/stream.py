@@ -11,7 +11,7 @@ Blocking code for a worker thread.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from dsh.session_persistence.backend import SessionEvent, SessionHeader
 
@@ -30,7 +30,7 @@ RUN_EVENTS = 4096
 class DeclaredStream:
     """An open walk over one transcript; :meth:`close` releases its descriptor."""
 
-    def __init__(self, fd: int, log: DecodedLog, batches: Iterator[list[SessionEvent]], from_seq: int) -> None:
+    def __init__(self, fd: int, log: DecodedLog, batches: Iterator[Sequence[SessionEvent]], from_seq: int) -> None:
         self._fd: int | None = fd
         self._log = log
         self._batches = batches

@@ -107,4 +107,4 @@ def salvage_declared(
             continue
         if damage is None and log.torn is not None:
             damage = f"a torn tail (an unfinished last batch at byte {log.torn.truncate_to})"
-        return SalvagedLog(log.header, log.inherited_event_count, log.events, damage)
+        return SalvagedLog(log.header, log.inherited_event_count, list(log.events), damage)

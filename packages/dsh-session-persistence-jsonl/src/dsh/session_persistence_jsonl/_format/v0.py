@@ -7,7 +7,7 @@ followed by any later valid line or frame, is committed-region corruption and ra
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import zstandard
@@ -63,7 +63,7 @@ class DecodedLog:
 
     header: SessionHeader
     inherited_event_count: int
-    events: list[SessionEvent]
+    events: Sequence[SessionEvent]
     torn: TornTail | None = None
     size: int = 0
     committed_end: int = 0

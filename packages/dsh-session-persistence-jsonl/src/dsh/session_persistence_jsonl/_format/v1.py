@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import operator
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import zstandard
@@ -31,7 +31,8 @@ from dsh.session_persistence.backend import (
     SessionPersistenceCorruptionError,
     SessionPersistenceError,
     StorageLineError,
-    decode_storage_lines_from,
+    StoredEvents,
+    decode_stored_batch,
 )
 
 from ..encryption import KeyProvider
@@ -181,12 +182,12 @@ class _Walk:
         except FrameError as exc:
             raise corrupt(str(exc), self.path) from exc
 
-    def events(self, plaintext: bytes, decl: Declaration, offset: int) -> list[SessionEvent]:
+    def events(self, plaintext: bytes, decl: Declaration, offset: int) -> Sequence[SessionEvent]:
         where = f"batch at byte {offset}"
         if not plaintext.endswith(b"\n"):
             raise self.damage(f"{where} does not end with a complete JSONL record")
         try:
-            events, contiguous = decode_storage_lines_from(plaintext, decl.first_seq)
+            events, contiguous = decode_stored_batch(plaintext, decl.first_seq)
         except StorageLineError as exc:
             raise self.damage(f"{where}: unparsable committed event: {exc}") from exc
         # The count first: a declared count is never turned into a list (a crafted one could be 4 billion).
@@ -266,7 +267,7 @@ def _zero_filled_end(
     for last in range(1, 256):
         if zlib.crc32(bytes((last,)), prefix_crc) == decl.crc:
             restored = raw[:-1] + bytes((last,))
-            return walk.events(walk.plaintext(walk.opened(restored, decl, pos), data_start), decl, pos)
+            return list(walk.events(walk.plaintext(walk.opened(restored, decl, pos), data_start), decl, pos))
     return None
 
 
@@ -328,9 +329,8 @@ def walk_declared(
     )
     if header_only:
         return log
-    events = log.events
-    for batch in batches:
-        events.extend(batch)
+    # Packed chunk rows stay packed: a reader expands the runs it asks for (StoredEvents).
+    log.events = StoredEvents.concat([log.events, *batches])
     return log
 
 
@@ -345,7 +345,7 @@ def open_declared(
     refuse_versions: bool = True,
     checkpoint: Checkpoint | None = None,
     keys: KeyProvider | None = None,
-) -> tuple[DecodedLog, Iterator[list[SessionEvent]]]:
+) -> tuple[DecodedLog, Iterator[Sequence[SessionEvent]]]:
     """The header (read now, into a log with no events) and an iterator over the batches, one list each.
 
     The iterator yields the events of every batch that reaches ``from_seq`` (whole batches: the first may start
@@ -367,7 +367,7 @@ def _batches(
     from_seq: int,
     plaintexts: list[bytes] | None,
     checkpoint: Checkpoint | None,
-) -> Iterator[list[SessionEvent]]:
+) -> Iterator[Sequence[SessionEvent]]:
     compression = walk.compression
     expected = 0
     recovered: list[SessionEvent] = []
@@ -402,7 +402,7 @@ def _batches(
             damage = walk.damage(f"batch declaration at byte {pos}: {exc}")
             raise BatchDamage(str(damage), pos, None, None) from exc
         end = data_start + decl.length
-        batch: list[SessionEvent] | None = None
+        batch: Sequence[SessionEvent] | None = None
         try:
             _check_declaration(walk, decl, pos, expected)
             if end > src.size:

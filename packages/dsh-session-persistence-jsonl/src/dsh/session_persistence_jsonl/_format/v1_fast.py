@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import zstandard
-from dsh.session_persistence.backend import SessionEvent, StorageLineError, decode_storage_lines_from
+from dsh.session_persistence.backend import SessionEvent, StorageLineError, decode_stored_batch
 from dsh.session_persistence.encryption import open_sealed_many
 
 from .bounded import _FCS_BYTES
@@ -55,7 +55,7 @@ class Walk(Protocol):
 Declared = list[tuple[int, int, int, int]]
 #: ``(batches, ends, plaintexts, expected)``: the clean batches in order, where each ends, their plaintexts, and the
 #: seq the next batch must start at.
-Span = tuple[list[list[SessionEvent]], list[int], list[bytes], int]
+Span = tuple[list[Sequence[SessionEvent]], list[int], list[bytes], int]
 
 
 def _declared(buf: bytes, view: memoryview, pos: int, stop: int, expected: int, from_seq: int, cap: int) -> Declared:
@@ -150,7 +150,7 @@ def clean_span(
         frames = [(buf, start, end) for _first, _count, start, end in declared]
     else:
         frames = [(inner, 0, len(inner)) for inner in _opened(seal, buf, view, declared)]
-    batches: list[list[SessionEvent]] = []
+    batches: list[Sequence[SessionEvent]] = []
     ends: list[int] = []
     plaintexts: list[bytes] = []
     for (first_seq, count, _start, end), (frame, at, stop_at) in zip(declared, frames, strict=False):
@@ -164,7 +164,7 @@ def clean_span(
         if len(plaintext) != pledged or plaintext[-1] != _LF:
             break
         try:
-            events, contiguous = decode_storage_lines_from(plaintext, first_seq)
+            events, contiguous = decode_stored_batch(plaintext, first_seq)
         except StorageLineError:
             break
         if len(events) != count or not contiguous:

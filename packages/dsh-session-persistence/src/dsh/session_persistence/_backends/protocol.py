@@ -56,12 +56,13 @@ class StoredPrefix:
 
     ``torn_marker`` is opaque to the coordinator and is present (``is not None``) iff a never-committed tail
     fragment follows ``events``; it is handed back unchanged to ``commit_repair``. ``revision`` identifies
-    exactly these values. The objects must be fresh and unshared.
+    exactly these values. The objects must be fresh and unshared. ``events`` is any sequence: a list, or a
+    :class:`~dsh.session_persistence.backend.StoredEvents` whose packed chunk runs expand only where a reader asks.
     """
 
     meta: SessionHeader
     inherited_event_count: int
-    events: list[SessionEvent]
+    events: Sequence[SessionEvent]
     revision: str
     torn_marker: object | None = None
 
@@ -72,7 +73,7 @@ class StoredSuffix:
 
     meta: SessionHeader
     inherited_event_count: int
-    events: list[SessionEvent]
+    events: Sequence[SessionEvent]
 
 
 @dataclass(frozen=True, slots=True)

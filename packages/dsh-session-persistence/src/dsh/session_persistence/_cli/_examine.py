@@ -104,7 +104,7 @@ class SessionReport:
         return self.status in RECOVERABLE
 
     @property
-    def events(self) -> tuple[SessionEvent, ...]:
+    def events(self) -> Sequence[SessionEvent]:
         """The logical view (stored + pending closers), empty when unreadable."""
         return () if self.inspection is None else self.inspection.events
 
@@ -171,7 +171,7 @@ async def examine(
         if stored is None:  # removed between the two reads
             raise SessionNotFoundError(session_id)
         report.stored_events = len(stored.events)
-        report.closers = inspection.events[len(stored.events) :]
+        report.closers = tuple(inspection.events[len(stored.events) :])
         marker = stored.torn_marker
         if marker is not None:
             truncate_to = getattr(marker, "truncate_to", None)

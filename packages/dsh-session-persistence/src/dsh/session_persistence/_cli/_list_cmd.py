@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from .._backends.listing import SessionListing, SupportsListPage
@@ -28,7 +29,7 @@ TITLE_WIDTH = 60
 CHUNK_TYPE = "assistant/chunk"
 
 
-def _title(events: tuple[SessionEvent, ...]) -> str | None:
+def _title(events: Sequence[SessionEvent]) -> str | None:
     for event in events:
         if event.type == "user/message":
             content = getattr(event.data, "content", ())
@@ -39,7 +40,7 @@ def _title(events: tuple[SessionEvent, ...]) -> str | None:
     return None
 
 
-def user_turns(events: tuple[SessionEvent, ...]) -> int:
+def user_turns(events: Sequence[SessionEvent]) -> int:
     """TURNS: the turns a user started. A turn counts when it holds a user message (a continuation or a turn the
     model opened does not); user messages outside any turn count once per gap between turns (the Agents SDK
     integration stores a run's input there and one turn per model response, so two runs are two turns)."""

@@ -10,13 +10,14 @@ preview's read is reused. ``read_from`` is the storage-only suffix read: no clos
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from .._backends.protocol import StorageMetadata, StoredPrefix
 from .._model.errors import SessionLiveError, SessionNotFoundError, SessionPersistenceError
 from .._model.events import SessionEvent
 from .._model.repair import interrupted_turn_closers
+from .._model.stored_events import StoredEvents
 from .._model.views import SessionEventSuffix, SessionInspection
 from .._wire.stored_log import corruption, validate_stored
 from .state import CoordinatorCore, SessionState
@@ -60,7 +61,8 @@ async def prepare(core: CoordinatorCore, session_id: str) -> Prepared:
             validator.check(closer)
     except Exception as exc:
         raise corruption(session_id, exc) from exc
-    inspection = SessionInspection(meta=meta, inherited_event_count=cut, events=(*events, *closers))
+    # The stored events as read (packed chunk runs stay packed until a reader asks for them), then the closers.
+    inspection = SessionInspection(meta=meta, inherited_event_count=cut, events=StoredEvents.concat((events, closers)))
     prepared = Prepared(stored=stored, closers=closers, inspection=inspection)
     cache.put(session_id, stored.revision, prepared)
     return prepared
@@ -108,7 +110,8 @@ async def read_from(core: CoordinatorCore, session_id: str, from_seq: int) -> Se
         suffix = await seek(session_id, from_seq)
         if suffix is None:
             raise SessionNotFoundError(session_id)
-        meta, cut, events = suffix.meta, suffix.inherited_event_count, list(suffix.events)
+        meta, cut = suffix.meta, suffix.inherited_event_count
+        events: Sequence[SessionEvent] = suffix.events
         # A seek read starts exactly at ``from_seq`` (or is empty past the end).
         validate_stored(session_id, meta, cut, events, core.location(meta), start=from_seq, whole=False)
     else:

@@ -330,7 +330,7 @@ class LivePath:
         return SessionInspection(state.storage.meta, state.storage.inherited_event_count, snapshot)
 
 
-def _extends(stored: builtins.list[SessionEvent], cursor: int, seed: tuple[SessionEvent, ...]) -> bool:
+def _extends(stored: Sequence[SessionEvent], cursor: int, seed: tuple[SessionEvent, ...]) -> bool:
     """Whether the stored log is this Session's own: at least ``cursor`` events, all of them a prefix of the seed."""
     return len(stored) >= cursor and len(stored) <= len(seed) and same_events(stored, seed[: len(stored)])
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -259,7 +259,7 @@ class Sessions:
         return agent
 
     def _seed_child(self, source_id: str, view: SessionInspection, turn: int, child_id: str | None) -> Session:
-        events: tuple[SessionEvent, ...] = view.events
+        events: Sequence[SessionEvent] = view.events
         boundary = turn_boundary(source_id, events, turn)
         # The same prefix checks as a live fork, on a detached copy of the stored log.
         detached = Session(source_id, header=view.meta, seed=events, inherited_event_count=view.inherited_event_count)

@@ -35,6 +35,7 @@ from .events import (
     TurnEnd,
     TurnStart,
 )
+from .stored_events import PackedRun, StoredEvents
 
 __all__ = ["TurnValidator", "validate_turns"]
 
@@ -236,7 +237,25 @@ class TurnValidator:
         open_step = self._open_step
         open_turn = self._open_turn
         rules = _RULES
-        for event in events:
+        # A StoredEvents log is walked by its segments: a packed chunk run is checked as one unit, without building
+        # its events. Its members are contiguous ``assistant/chunk`` events of one turn and step from ``seq0``, so
+        # the rules each member would meet are the first member's: its seq, and the open turn and step. A run that
+        # is not in the open step returns ``False`` (its first member would fail), and the separate checks, which
+        # expand it, name the defect exactly as for the expanded log.
+        # (Typed Any: ``type(x) is`` is the cheap test here, and it does not narrow a union's other branch.)
+        walked: Iterable[Any] = events._segments() if type(events) is StoredEvents else events
+        for event in walked:
+            if type(event) is PackedRun:
+                if (
+                    event.seq0 != expected
+                    or open_step is None
+                    or event.step != open_step
+                    or open_turn is None
+                    or event.turn != open_turn
+                ):
+                    return False
+                expected += event.count
+                continue
             seq = event.seq
             if seq != expected:
                 return False

@@ -1,11 +1,14 @@
 """Immutable results of the persistence service's body reads (coordinator.md §1.1).
 
 Every body-bearing read returns the header *and* the exact inherited cut beside it, so a consumer never has to
-recompute the cut from a ``session/end-seed`` marker. Events are frozen structs in a tuple; a view may be shared.
+recompute the cut from a ``session/end-seed`` marker. Events are frozen structs in an immutable sequence (a tuple,
+or a :class:`~dsh.session_persistence.backend.StoredEvents` whose packed chunk runs expand where a reader asks for
+them); a view may be shared.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .events import SessionEvent
@@ -20,7 +23,7 @@ class SessionInspection:
 
     meta: SessionHeader
     inherited_event_count: int
-    events: tuple[SessionEvent, ...]
+    events: Sequence[SessionEvent]
 
 
 @dataclass(frozen=True, slots=True)

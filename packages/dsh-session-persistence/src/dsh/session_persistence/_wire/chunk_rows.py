@@ -21,21 +21,17 @@ skipping a row would drop a whole run of events.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate, pairwise
+from itertools import pairwise
 from typing import Any, TypeVar
 
 import msgspec
 from msgspec import UNSET
 
 from .._model.events import (
-    AssistantChunk,
-    AssistantChunkData,
-    ReasoningDeltaChunk,
     SessionEvent,
-    TextDeltaChunk,
-    ToolCallDeltaChunk,
 )
 from .._model.jsonvalue import MAX_SAFE_INTEGER, is_safe_int
+from .._model.stored_events import packed_run
 
 __all__ = [
     "ABSENT",
@@ -351,34 +347,8 @@ def row_events(
     validation, so a row whose members would not convert (a negative turn, say) still expands; a typed reader
     checks the ranges first.
     """
-    if len(dt) != len(members) - 1:
-        return None
-    times = list(accumulate(dt, initial=time0))
-    if seq0 + len(members) - 1 > MAX_SAFE_INTEGER or min(times) < -MAX_SAFE_INTEGER:
-        return None
-    if max(times) > MAX_SAFE_INTEGER:
-        return None
-    seqs = range(seq0, seq0 + len(members))
-    if tag == _TOOL_TAG:
-        return [
-            AssistantChunk(
-                seq=seq,
-                time=time,
-                data=AssistantChunkData(
-                    turn=turn,
-                    step=step,
-                    chunk=ToolCallDeltaChunk(index=index, id=call_id, name=name, arguments_delta=member),
-                ),
-            )
-            for seq, time, member in zip(seqs, times, members, strict=True)
-        ]
-    kind = TextDeltaChunk if tag == _TEXT_TAG else ReasoningDeltaChunk
-    return [
-        AssistantChunk(
-            seq=seq, time=time, data=AssistantChunkData(turn=turn, step=step, chunk=kind(index=index, text=member))
-        )
-        for seq, time, member in zip(seqs, times, members, strict=True)
-    ]
+    run = packed_run(tag, seq0, time0, turn, step, index, dt, members, call_id, name)
+    return None if run is None else run.events()
 
 
 def expand_chunk_rows(values: Iterable[object]) -> list[object]:

@@ -24,6 +24,7 @@ from .._model.events import (
     SessionEvent,
 )
 from .._model.jsonvalue import MAX_SAFE_INTEGER
+from .._model.stored_events import PackedRun, StoredEvents, packed_run
 from .chunk_pack import chunk_run_values, encode_chunk_run
 from .chunk_rows import CHUNK_ROW_TAGS, expand_chunk_row, row_events, row_member_count
 from .codec import check_typed_surface, decode_event, decode_event_line, encode_event
@@ -33,6 +34,7 @@ __all__ = [
     "decode_storage_line",
     "decode_storage_lines",
     "decode_storage_lines_from",
+    "decode_stored_batch",
     "encode_storage_lines",
 ]
 
@@ -304,6 +306,14 @@ def decode_storage_lines_from(data: bytes, first_seq: int) -> tuple[list[Session
     contiguous by construction), not per event. Same errors as :func:`decode_storage_lines`; a ``False`` is for
     the caller to word (it knows the batch).
     """
+    events, contiguous = decode_stored_batch(data, first_seq)
+    return (events if type(events) is list else list(events)), contiguous
+
+
+def decode_stored_batch(data: bytes, first_seq: int) -> tuple[Sequence[SessionEvent], bool]:
+    """:func:`decode_storage_lines_from` with packed chunk rows left packed: the events come back as a
+    :class:`~dsh.session_persistence.backend.StoredEvents` whose runs expand only where a reader asks (a list
+    when the batch holds no row, or when it is decoded line by line). Same events, same errors."""
     fast = _batch_from(data, first_seq)
     if fast is not None:
         return fast
@@ -323,18 +333,18 @@ def decode_storage_lines_from(data: bytes, first_seq: int) -> tuple[list[Session
 def _batch(data: bytes) -> list[SessionEvent] | None:
     """The batch fast path of :func:`decode_storage_lines`, or ``None`` (see :func:`_batch_from`)."""
     fast = _batch_from(data, 0)
-    return None if fast is None else fast[0]
+    return None if fast is None else list(fast[0])
 
 
-def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] | None:
+def _batch_from(data: bytes, first_seq: int) -> tuple[Sequence[SessionEvent], bool] | None:
     """The batch fast path of :func:`decode_storage_lines_from`, or ``None``: leave the data to the per-line path.
 
     Taken in the common case (every line a known event or a valid chunk row): each line is decoded on its own by
     one typed decoder in a C-level ``map`` (so whitespace and line boundaries mean exactly what they mean to
     :func:`decode_storage_line`), events get :func:`decode_event_line`'s post-checks (surface events their shape,
     the types older readers do not know their ``ignorable`` mark), and rows go through
-    :func:`~.chunk_rows.row_events` (the one unpacker). Any exception or refusal returns ``None``, so error texts
-    come from the per-line path.
+    :func:`~.._model.stored_events.packed_run` (the checks of the one unpacker; the run stays packed). Any exception
+    or refusal returns ``None``, so error texts come from the per-line path.
     Contiguity from ``first_seq`` is followed line by line: an event line holds its seq, a row ``seq0`` and the
     members after it. A batch without rows (most batches of a commit-per-step log) is its values, as decoded.
     """
@@ -346,11 +356,11 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] 
     try:
         values = list(map(_batch_decoder.decode, lines))
         kind_of = _KIND_OF
-        for value in values:
+        for at, value in enumerate(values):
             kind = kind_of.get(type(value))
             if kind is not None:
                 if kind is _ROW:
-                    return _rows_from(values, first_seq)
+                    return _rows_from(values, at, expected, contiguous)
                 if kind is _SURFACE:
                     check_typed_surface(value)
                 elif value.ignorable is not True:
@@ -364,26 +374,29 @@ def _batch_from(data: bytes, first_seq: int) -> tuple[list[SessionEvent], bool] 
     return values, contiguous
 
 
-def _rows_from(values: list[Any], first_seq: int) -> tuple[list[SessionEvent], bool] | None:
-    """:func:`_batch_from` for a batch that holds chunk rows: events and rows in order, rows expanded."""
-    expected = first_seq
-    contiguous = True
-    events: list[SessionEvent] = []
-    for value in values:
+def _rows_from(values: list[Any], at: int, expected: int, contiguous: bool) -> tuple[StoredEvents, bool] | None:
+    """:func:`_batch_from` for a batch that holds chunk rows, from its first row ``values[at]`` on (the values before
+    it are events :func:`_batch_from` has checked; ``expected`` and ``contiguous`` are its state there): events and
+    rows in order, each row kept as one :class:`~.._model.stored_events.PackedRun` (expanded only where a reader
+    asks for its events)."""
+    items: list[SessionEvent | PackedRun] = values[:at]
+    size = at
+    for value in values[at:]:
         tag = _ROW_TAG_OF.get(type(value))
         if tag is None:
             if value.surface:
                 check_typed_surface(value)
             elif type(value) in _IGNORABLE_KINDS and value.ignorable is not True:
                 return None
-            events.append(value)
+            items.append(value)
+            size += 1
             if value.seq != expected:
                 contiguous = False
             expected = value.seq + 1
             continue
         row = value.data
         tool = tag == "tool-call-chunks"
-        built = row_events(
+        run = packed_run(
             tag,
             value.seq0,
             value.time0,
@@ -395,10 +408,11 @@ def _rows_from(values: list[Any], first_seq: int) -> tuple[list[SessionEvent], b
             row.id if tool else None,
             row.name if tool else UNSET,
         )
-        if built is None:
+        if run is None:
             return None
-        events.extend(built)
+        items.append(run)
+        size += run.count
         if value.seq0 != expected:
             contiguous = False
-        expected = value.seq0 + len(built)
-    return events, contiguous
+        expected = value.seq0 + run.count
+    return StoredEvents._of(items, size), contiguous

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import MutableSequence, Sequence
 from typing import Any
 
 import anyio
@@ -383,7 +384,8 @@ class _StorageCases(_KitBase):
         async with conformance.backend() as backend:
             first = await backend.load_stored("fresh")
             assert first is not None
-            first.events.clear()
+            if isinstance(first.events, MutableSequence):
+                first.events.clear()
             second = await backend.load_stored("fresh")
             assert second is not None
             assert second.events == one_turn_log()
@@ -396,7 +398,8 @@ class _StorageCases(_KitBase):
             await p.persistence.append("frozen", one_turn_log())
             for read in (p.persistence.load, p.persistence.inspect):
                 view = await read("frozen")
-                assert isinstance(view.events, tuple)
+                # An immutable sequence (a tuple, or StoredEvents): nothing a reader holds can be changed in place.
+                assert isinstance(view.events, Sequence) and not isinstance(view.events, MutableSequence)
                 with pytest.raises(AttributeError):
                     view.events[1].seq = 99  # type: ignore[misc]
                 message = view.events[1].data
