@@ -72,7 +72,16 @@ def one_message_transaction(
     """
     cur = psycopg.ClientCursor(conn)
     bound = [statement if isinstance(statement, str) else cur.mogrify(*statement) for statement in statements]
-    cur.execute("; ".join([begin, *bound, "COMMIT"]))
+    # A message of several statements is never prepared, so psycopg's prepared-statement bookkeeping (a hash of the
+    # whole text, a cache entry made and dropped again) is switched off for it; the connection's setting is kept.
+    threshold = conn.prepare_threshold
+    if threshold is not None:
+        conn.prepare_threshold = None
+    try:
+        cur.execute("; ".join([begin, *bound, "COMMIT"]))
+    finally:
+        if threshold is not None:
+            conn.prepare_threshold = threshold
     rows: list[list[tuple[Any, ...]]] = []
     for _ in statements:
         if not cur.nextset():
