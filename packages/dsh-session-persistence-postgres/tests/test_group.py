@@ -208,31 +208,3 @@ async def test_many_sessions_through_a_black_holed_connection_are_settled(
         await backend.aclose()
     assert sorted(errors) == [STALE]
     assert await _stored(postgres_dsn, schema) == [_expected(index) for index in range(GROUP + 1)]
-
-
-async def test_a_group_waiting_on_a_lock_does_not_hold_up_the_other_sessions_batches(
-    postgres_dsn: str, schema: str
-) -> None:
-    # A pool of four: two groups in flight. One waits on a row lock held elsewhere (no lock_timeout: for as long as
-    # the lock is held); another session's batch goes out and commits meanwhile, and the held one still commits.
-    backend = PostgresBackend(postgres_dsn, schema=schema, lock_timeout=None, min_size=1, max_size=4)
-    held_done = anyio.Event()
-
-    async def held() -> None:
-        await backend.append_batch(_storage(GROUP), simple_turn(6, 2), True)
-        held_done.set()
-
-    try:
-        await _created(backend)
-        with _row_locked(postgres_dsn, schema, f"g{GROUP}") as locker:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(held)
-                await _until_a_lock_wait(locker)
-                with anyio.fail_after(30):  # a safety net for a hang (one committer: it waits behind the lock)
-                    await backend.append_batch(_storage(0), simple_turn(6, 2), True)
-                assert not held_done.is_set()
-                locker.commit()
-        stored = await _stored(postgres_dsn, schema)
-        assert stored[0] == stored[GROUP] == [*one_turn_log(), *simple_turn(6, 2)]
-    finally:
-        await backend.aclose()

@@ -8,11 +8,10 @@ seq)`` is the events' primary key. Two processes racing on one id therefore neve
 seq: the loser gets :class:`SeqMismatchError` (or :class:`SessionAlreadyExistsError` for the first batch).
 
 The work runs on sync psycopg connections in threads, so any anyio event loop (asyncio, trio) can drive it. The
-later batches of every session go through the committer threads (one, or two with a pool of four or more), each
-sending all the batches queued meanwhile as one transaction (group commit, see :mod:`._group`); the other
-primitives run in anyio worker threads. A cancelled caller leaves at once (its deadline bounds the call); the write
-goes on to its end, bounded by the backend's own timeouts, and the session's next write waits for it and reads back
-what it left (see :mod:`._abandon`).
+later batches of every session go through one committer thread that sends all the batches queued meanwhile as one
+transaction (group commit, see :mod:`._group`); the other primitives run in anyio worker threads. A cancelled
+caller leaves at once (its deadline bounds the call); the write goes on to its end, bounded by the backend's own
+timeouts, and the session's next write waits for it and reads back what it left (see :mod:`._abandon`).
 """
 
 from __future__ import annotations
@@ -133,7 +132,7 @@ class PostgresBackend:
         from psycopg_pool import ConnectionPool
 
         from ._connections import Connections
-        from ._group import GroupCommitter, GroupJob, committer_threads
+        from ._group import GroupCommitter, GroupJob
         from ._schema import Tables
         from ._store import SyncStore
 
@@ -179,7 +178,7 @@ class PostgresBackend:
             connections, self._tables, self._codec, self._settings, RowSealer(encryption, allow_plaintext)
         )
         self._chains = WriteChains()
-        self._committer = GroupCommitter(self._store, self._chains, committer_threads(connections.max_size))
+        self._committer = GroupCommitter(self._store, self._chains)
         self._job = GroupJob  # psycopg loads with the first backend, not with this module
         self._closed = False
 

@@ -307,11 +307,6 @@ class Connections:
         self._in_use: set[Conn] = set()
         self._closing = False
 
-    @property
-    def max_size(self) -> int:
-        """The most connections the pool holds (the caller's pool's own cap when it is given one)."""
-        return self._max_size
-
     def _connect_timeout(self) -> int | None:
         """The connect_timeout the connections are made with (``None``: libpq's default, no bound)."""
         return self._configured_connect_timeout

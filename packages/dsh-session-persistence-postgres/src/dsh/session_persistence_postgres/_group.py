@@ -1,8 +1,7 @@
 """Group commit: the later batches of many sessions, queued by their callers, sent as one transaction.
 
 ``append_batch`` of a session whose write chain is free queues a :class:`GroupJob` and waits on its event loop.
-A committer thread (one per backend, two with a pool of four or more: see :func:`committer_threads`) takes every
-queued job at each wake and sends them as one statement
+One committer thread per backend takes every queued job at each wake and sends them as one statement
 (``Statements.append_group``): each session's ``next_seq`` is compare-and-set against its batch's first seq and
 its events inserted only where that held, with one outcome row per session, so a refused session fails alone and
 the others commit. The callers are woken through their loop's own thread-safe call, once per loop per group: no
@@ -47,7 +46,7 @@ from ._wake import DoneWaiter, Waiter
 if TYPE_CHECKING:
     from ._abandon import _Link
 
-__all__ = ["GroupCommitter", "GroupJob", "committer_threads"]
+__all__ = ["GroupCommitter", "GroupJob"]
 
 #: The most batches one group transaction carries (its arrays stay a few MB at the fleet's batch sizes).
 MAX_GROUP = 1024
@@ -293,52 +292,31 @@ def _copy(exc: Exception) -> BaseException:
         return exc
 
 
-def committer_threads(max_size: int) -> int:
-    """How many groups a backend with a pool of ``max_size`` connections has in flight at once.
-
-    Two when the pool has room for them and for the other primitives (at least four connections): while one group
-    waits for its commit (the server's work and its WAL flush), the next one is formed and sent on another
-    connection, so a batch waits for one free committer, not for every group queued before it. One otherwise.
-    """
-    return 2 if max_size >= 4 else 1
-
-
 class GroupCommitter:
-    """The threads of a backend (:func:`committer_threads`) that send the queued jobs as group transactions.
+    """One thread per backend that sends every queued job as one group transaction and wakes the callers."""
 
-    Each thread takes every job queued when it is free and sends them as one group; two groups in flight never
-    share a session (a session has one write in flight at a time: see :meth:`WriteChains.enter`).
-    """
-
-    def __init__(self, store: SyncStore, chains: WriteChains, threads: int = 1) -> None:
+    def __init__(self, store: SyncStore, chains: WriteChains) -> None:
         self._store = store
         self._chains = chains
         self._queue: queue.SimpleQueue[GroupJob | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._count = max(1, threads)
-        self._threads: list[threading.Thread] = []
+        self._thread: threading.Thread | None = None
 
     def submit(self, job: GroupJob) -> None:
         """Queue ``job``; it is sent in the next group (its waiter is woken with ``job.error`` set or not)."""
-        if not self._threads:
+        if self._thread is None:
             with self._lock:
-                if not self._threads:
-                    threads = [
-                        threading.Thread(target=self._run, name=f"dsh-postgres-committer-{index}", daemon=True)
-                        for index in range(self._count)
-                    ]
-                    for thread in threads:
-                        thread.start()
-                    self._threads = threads
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="dsh-postgres-committer", daemon=True)
+                    self._thread.start()
         self._queue.put(job)
 
     def close(self, timeout: float) -> None:
         """Stop after the jobs already queued (they fail typed on the closed store); wait up to ``timeout``."""
-        for _ in range(self._count):
-            self._queue.put(None)  # one stop per thread: each ends after the jobs it took before its own
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._queue.put(None)
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _run(self) -> None:
         stopping = False

@@ -53,7 +53,7 @@ class Waiter:
             await self._event.wait()
 
 
-#: The one "loop" every :class:`DoneWaiter` belongs to: the committer threads themselves.
+#: The one "loop" every :class:`DoneWaiter` belongs to: the committer thread itself.
 _COMMITTER = object()
 
 
@@ -72,7 +72,7 @@ class DoneWaiter:
 
     @staticmethod
     def post(callback: Callable[[], None]) -> None:
-        callback()  # already on a committer thread, where done() may be called
+        callback()  # already on the committer thread, where done() may be called
 
     def wake(self) -> None:
         self.done(self.job.error)
