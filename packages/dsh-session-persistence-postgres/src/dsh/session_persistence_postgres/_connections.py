@@ -200,7 +200,11 @@ class _Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="dsh-postgres-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._heap[0][1] == token:
+                # Due before everything else watched: the watchdog sleeps until a later due (or for ever). Any
+                # other entry is due after the one it already waits for, so it is not woken (a thread switch per
+                # round trip otherwise).
+                self._cond.notify()
         try:
             yield state
         finally:

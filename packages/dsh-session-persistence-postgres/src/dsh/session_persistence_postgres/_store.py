@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import psycopg
 import zstandard
-from psycopg import sql
+from psycopg import pq, sql
 
 from ._codec import EventCodec
 from ._connections import Conn, Connections
@@ -53,9 +53,12 @@ Loaded = tuple[SessionHeader, int, list[SessionEvent], str]
 
 Statement = tuple[sql.Composed, Mapping[str, Any]]
 SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
 
 
-def one_message_transaction(conn: Conn, begin: str, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+def one_message_transaction(
+    conn: Conn, begin: str, statements: Sequence[Statement | str]
+) -> list[list[tuple[Any, ...]]]:
     """Run ``begin``, ``statements`` and ``COMMIT`` as one simple-protocol message; each statement's rows, in order.
 
     One message is one round trip and ends with a single ``ReadyForQuery``, which is what a pooler in transaction
@@ -64,16 +67,28 @@ def one_message_transaction(conn: Conn, begin: str, statements: Sequence[Stateme
     reply released the server connection is given a server connection of its own that never answers, and each one
     leaks until every client hangs. The parameters are bound on the client (psycopg quotes them), which also
     needs no server-side prepared statements. If a statement fails the rest are skipped and the transaction is left
-    failed; the caller's connection guard rolls it back.
+    failed; the caller's connection guard rolls it back. A statement given as ``str`` is already bound (see
+    :meth:`SyncStore.transaction`).
     """
     cur = psycopg.ClientCursor(conn)
-    bound = [cur.mogrify(statement, params) for statement, params in statements]
-    cur.execute("; ".join([begin, *bound, "COMMIT"]))
+    bound = [statement if isinstance(statement, str) else cur.mogrify(*statement) for statement in statements]
+    # A message of several statements is never prepared, so psycopg's prepared-statement bookkeeping (a hash of the
+    # whole text, a cache entry made and dropped again) is switched off for it; the connection's setting is kept.
+    threshold = conn.prepare_threshold
+    if threshold is not None:
+        conn.prepare_threshold = None
+    try:
+        cur.execute("; ".join([begin, *bound, "COMMIT"]))
+    finally:
+        if threshold is not None:
+            conn.prepare_threshold = threshold
     rows: list[list[tuple[Any, ...]]] = []
     for _ in statements:
         if not cur.nextset():
             raise psycopg.InterfaceError(f"expected {len(statements) + 2} results from one transaction")
-        rows.append(cur.fetchall() if cur.description is not None else [])
+        # The result's status, not ``description`` (which builds a Column per field on every read).
+        result = cur.pgresult
+        rows.append(cur.fetchall() if result is not None and result.status == _TUPLES_OK else [])
     return rows
 
 
@@ -131,6 +146,8 @@ class SyncStore:
         self.seals = self._seals
         lock, statement = settings.server_timeouts()
         self._timeouts = {"lock": lock, "statement": statement}
+        #: The timeouts statement bound once per client encoding (the same text for every transaction).
+        self._bound_timeouts: dict[str, str] = {}
         self._start_lock = threading.Lock()
         self._store_id: str | None = None
         self._closed = False
@@ -194,7 +211,12 @@ class SyncStore:
 
     def transaction(self, conn: Conn, begin: str, statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
         """``statements`` between ``begin`` and ``COMMIT``, under the timeouts: their rows, one list each."""
-        return one_message_transaction(conn, begin, [(self._sql.set_timeouts, self._timeouts), *statements])[1:]
+        encoding = conn.info.encoding
+        timeouts = self._bound_timeouts.get(encoding)
+        if timeouts is None:
+            timeouts = psycopg.ClientCursor(conn).mogrify(self._sql.set_timeouts, self._timeouts)
+            self._bound_timeouts[encoding] = timeouts
+        return one_message_transaction(conn, begin, [timeouts, *statements])[1:]
 
     def read(self, session_id: str, from_seq: int) -> Loaded | None:
         """The session from ``from_seq`` on, in one snapshot; ``None`` if it is not stored."""
