@@ -113,7 +113,14 @@ def run_fleet(args: argparse.Namespace, report: Report, scratch: str) -> None:
         fleet_section(report, scratch, sessions=(3,), seconds=0.25, scale=0.1, one_process=True, peers=peers)
         return
     sessions = tuple(int(n) for n in (args.fleet_sessions or "1,100,1000").split(","))
-    fleet_section(report, scratch, sessions=sessions, seconds=args.fleet_seconds, peers=peers)
+    fleet_section(
+        report,
+        scratch,
+        sessions=sessions,
+        seconds=args.fleet_seconds,
+        peers=peers,
+        window_probe=args.fleet_window_probe,
+    )
 
 
 def run_fleet_pg(args: argparse.Namespace, report: Report) -> None:
@@ -159,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet-only", action="store_true", help="only the fleet of live sessions (section 12)")
     parser.add_argument("--fleet-sessions", metavar="N,N", help="fleet sizes (default 1,100,1000)")
     parser.add_argument("--fleet-seconds", type=float, default=10.0, help="seconds per fleet cell (default 10)")
+    parser.add_argument(
+        "--fleet-window-probe",
+        action="store_true",
+        help="also dsh with its write-behind window pushed past the cell (only barriers write): what the window costs",
+    )
     parser.add_argument(
         "--targets-from",
         metavar="FILE",

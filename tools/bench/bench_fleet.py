@@ -81,6 +81,8 @@ class FleetCell:
     p50_ms: float
     p99_ms: float
     cpu_us_per_barrier: float
+    #: dsh only: durable batch writes per barrier over the cell (write-behind windows included; the floor: 1).
+    writes_per_barrier: float | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -222,12 +224,14 @@ async def run_cell(system_name: str, loop: str, rate: Rate, n: int, seconds: flo
                     await timed_barrier(handle)
 
         agent = realistic if rate.name == "realistic" else aggressive
+        writes0 = system.writes if isinstance(system, DshSystem) else 0
         cpu0 = _cpu_s()
         async with anyio.create_task_group() as tg:
             for index, handle in enumerate(handles):
                 tg.start_soon(agent, index, handle, begin + rate.period_s * index / n)
         elapsed = time.perf_counter() - begin
         cpu = _cpu_s() - cpu0
+        writes = system.writes - writes0 if isinstance(system, DshSystem) else None
     finally:
         await system.aclose()
     ordered = sorted(latencies)
@@ -243,6 +247,7 @@ async def run_cell(system_name: str, loop: str, rate: Rate, n: int, seconds: flo
         p50_ms=_pct(ordered, 0.5),
         p99_ms=_pct(ordered, 0.99),
         cpu_us_per_barrier=cpu / len(ordered) * 1e6 if ordered else float("nan"),
+        writes_per_barrier=writes / len(ordered) if writes is not None and ordered else None,
     )
 
 
@@ -288,6 +293,7 @@ def fleet_section(
     scale: float = 1.0,
     one_process: bool = False,
     peers: bool = True,
+    window_probe: bool = False,
 ) -> None:
     """12. The fleet: every system at every N and rate, asyncio and trio, each cell in a fresh process (in
     ``one_process`` mode, one process per loop: the quick smoke run)."""
@@ -298,6 +304,8 @@ def fleet_section(
         flush=True,
     )
     systems = [s for s in SYSTEMS if peers or not s.startswith("sqlite")]
+    if window_probe:
+        systems.insert(1, "dsh_nowindow")  # what the write-behind window's writes cost (a probe, not a target)
     results: list[dict[str, Any]] = []
     for loop in LOOPS:
         plan = [
@@ -331,11 +339,12 @@ def fleet_section(
             if "error" in row:
                 report.row(f"fleet {key}", "failed", row["error"][:60])
             continue
+        writes = row.get("writes_per_barrier")
         report.row(
             f"fleet {key}",
             f"{row['p50_ms']:.2f}/{row['p99_ms']:.1f} ms",
             f"served {row['served_per_s']:,.0f}/{row['demanded_per_s']:,.0f} /s, "
-            f"{row['cpu_us_per_barrier']:,.0f} us CPU",
+            f"{row['cpu_us_per_barrier']:,.0f} us CPU" + ("" if writes is None else f", {writes:.2f} writes/barrier"),
         )
     f["fleet"] = {"sessions": list(sessions), "seconds": seconds, "scale": scale, "cells": table}
     f["fleet"]["ratios"] = _fleet_ratios(table, sessions)
@@ -354,4 +363,8 @@ def _fleet_ratios(table: dict[str, Any], sessions: tuple[int, ...]) -> dict[str,
             for field, name in (("p99_ms", "p99"), ("cpu_us_per_barrier", "cpu"), ("served_per_s", "served")):
                 a, b = dsh.get(field), floor.get(field)
                 out[f"{loop}/{rate}/n={n} dsh/floor {name}"] = a / b if a and b else None
+            probe = table.get(f"{loop}/{rate}/n={n}/dsh_nowindow")
+            if probe is not None:
+                a, b = probe.get("cpu_us_per_barrier"), floor.get("cpu_us_per_barrier")
+                out[f"{loop}/{rate}/n={n} dsh without window writes/floor cpu (probe)"] = a / b if a and b else None
     return out

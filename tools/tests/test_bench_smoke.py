@@ -158,6 +158,10 @@ def test_fleet_reports_every_system_rate_and_loop(figures: dict[str, Any]) -> No
                 for key in ("p50_ms", "p99_ms", "served_per_s", "demanded_per_s", "cpu_us_per_barrier"):
                     assert _positive(cell[key]), f"{loop}/{rate}/{system}.{key} = {cell[key]!r}"
                 assert cell["p99_ms"] >= cell["p50_ms"]
+                if system == "dsh":  # its durable writes are counted: at least one per barrier's batch in all
+                    assert _positive(cell["writes_per_barrier"]), cell
+                else:
+                    assert cell["writes_per_barrier"] is None
             assert isinstance(fleet["ratios"][f"{loop}/{rate}/n={n} dsh/floor p99"], float)
     assert not any(key.endswith(("sqlite_file", "sqlite_shared")) for key in fleet["cells"])
 
@@ -203,3 +207,19 @@ def test_reads_only_measures_the_read_figures_and_their_targets(tmp_path: Path) 
     assert any(row.startswith("#35 reload dsh/raw decode") for row in rows)
     assert not any(row.startswith("#34") for row in rows)  # the commit path's targets are not measured here
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reads.json"]
+
+
+def test_the_window_probe_writes_only_at_barriers(tmp_path: Path) -> None:
+    """``dsh_nowindow`` (``--fleet-window-probe``) pushes the write-behind window past the cell: every durable write
+    is a barrier's (at most one each), where dsh's own 200 ms window also writes during a step's 500 ms stream."""
+    cells = [{"system": system, "rate": "realistic", "n": 1} for system in ("dsh", "dsh_nowindow")]
+    spec = json.dumps({"loop": "asyncio", "cells": cells, "seconds": 1.0, "scale": 1.0, "where": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--_fleet-child", spec], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dsh, probe = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert "error" not in dsh and "error" not in probe, (dsh, probe)
+    assert dsh["barriers"] == probe["barriers"] == 4  # one step: pre-step, before the stream, two tool calls
+    assert 0 < probe["writes_per_barrier"] <= 1.0
+    assert dsh["writes_per_barrier"] > 1.0
