@@ -108,7 +108,7 @@ def test_the_one_pass_accepts_a_packed_log_exactly_when_it_accepts_the_expanded_
     packed = packed_form(events)
     on_packed, on_list = TurnValidator(), TurnValidator()
     try:
-        accepted_packed = on_packed._check_log(packed)
+        accepted_packed = on_packed._check_log(packed._segments(), PackedRun)
     except Exception:
         accepted_packed = False
     try:

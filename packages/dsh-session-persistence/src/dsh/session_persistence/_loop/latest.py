@@ -7,14 +7,21 @@ append), made each turn cost time in proportion to the whole session: quadratic 
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from .._host.session import Session
 from .._model.events import SessionEvent
 
 __all__ = ["LatestOfType"]
 
 E = TypeVar("E", bound=SessionEvent)
+
+
+class _Log(Protocol):
+    """What a look needs of a live ``Session`` (typed structurally: the loop's layers stay above the host's)."""
+
+    def __len__(self) -> int: ...
+
+    def events_from(self, start: int) -> tuple[SessionEvent, ...]: ...
 
 
 class LatestOfType(Generic[E]):
@@ -29,7 +36,7 @@ class LatestOfType(Generic[E]):
         self._scanned = 0
         self._last: object = None
 
-    def find(self, session: Session) -> E | None:
+    def find(self, session: _Log) -> E | None:
         count = len(session)
         scanned = self._scanned
         # The tail from the last event scanned on: its first event shows whether the scanned prefix still stands.

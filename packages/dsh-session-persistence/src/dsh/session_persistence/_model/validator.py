@@ -8,8 +8,8 @@ companion runs it to report instead. Crash-repair output always satisfies it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from msgspec import UNSET, UnsetType
 
@@ -35,9 +35,18 @@ from .events import (
     TurnEnd,
     TurnStart,
 )
-from .stored_events import PackedRun, StoredEvents
 
 __all__ = ["TurnValidator", "validate_turns"]
+
+
+class PackedSegment(Protocol):
+    """What the one-pass check reads of a packed chunk run (``StoredEvents``' ``PackedRun``): its first member's
+    seq, the turn and step every member names, and how many members it has."""
+
+    seq0: int
+    turn: int
+    step: int
+    count: int
 
 
 class TurnValidator:
@@ -222,8 +231,12 @@ class TurnValidator:
                     continue
             check(event)
 
-    def _check_log(self, events: Sequence[SessionEvent]) -> bool:
+    def _check_log(self, events: Iterable[Any], run: type[PackedSegment] | None = None) -> bool:
         """:meth:`check_all` over a whole stored log in the same pass as its seq contiguity and its event types.
+
+        ``events``: the log's events in order, or its segments, where an item of type ``run`` is a packed chunk run
+        (a ``StoredEvents``' ``_segments()`` with ``PackedRun``: the caller that holds one says so, and this layer
+        needs no import of theirs).
 
         ``True``: ``events`` carry the seqs ``0, 1, ...``, hold no ``OpaqueEvent`` and pass the turn rules (the
         state then continues after the last event, as after :meth:`check_all`). ``False``, or a raised
@@ -237,15 +250,13 @@ class TurnValidator:
         open_step = self._open_step
         open_turn = self._open_turn
         rules = _RULES
-        # A StoredEvents log is walked by its segments: a packed chunk run is checked as one unit, without building
-        # its events. Its members are contiguous ``assistant/chunk`` events of one turn and step from ``seq0``, so
-        # the rules each member would meet are the first member's: its seq, and the open turn and step. A run that
-        # is not in the open step returns ``False`` (its first member would fail), and the separate checks, which
-        # expand it, name the defect exactly as for the expanded log.
-        # (Typed Any: ``type(x) is`` is the cheap test here, and it does not narrow a union's other branch.)
-        walked: Iterable[Any] = events._segments() if type(events) is StoredEvents else events
-        for event in walked:
-            if type(event) is PackedRun:
+        # A packed chunk run is checked as one unit, without building its events. Its members are contiguous
+        # ``assistant/chunk`` events of one turn and step from ``seq0``, so the rules each member would meet are the
+        # first member's: its seq, and the open turn and step. A run that is not in the open step returns ``False``
+        # (its first member would fail), and the separate checks, which expand it, name the defect exactly as for
+        # the expanded log. (Items typed Any: ``type(x) is`` is the cheap test, and it does not narrow a union.)
+        for event in events:
+            if type(event) is run:
                 if (
                     event.seq0 != expected
                     or open_step is None

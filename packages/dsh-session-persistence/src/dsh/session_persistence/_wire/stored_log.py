@@ -17,6 +17,7 @@ from .._model.errors import SessionPersistenceCorruptionError
 from .._model.events import SessionEvent
 from .._model.header import SessionHeader, header_from_builtins, header_to_builtins
 from .._model.jsonvalue import is_safe_int
+from .._model.stored_events import PackedRun, StoredEvents
 from .._model.validator import TurnValidator, validate_turns
 from .codec import event_to_builtins
 from .contiguity import first_seq_gap
@@ -80,7 +81,10 @@ def _one_pass(events: Sequence[SessionEvent]) -> TurnValidator | None:
     ``None`` when that pass did not accept the log."""
     validator = TurnValidator()
     try:
-        accepted = validator._check_log(events)
+        if type(events) is StoredEvents:  # walked by its segments: a packed run is checked as one unit
+            accepted = validator._check_log(events._segments(), PackedRun)
+        else:
+            accepted = validator._check_log(events)
     except Exception:  # whatever it is, the separate checks decide and name it
         return None
     return validator if accepted else None
