@@ -101,7 +101,7 @@ class LiveSink:
         """The commit without a task (:func:`submit_live_append`) once the Session is bound and owns its
         state; ``False`` sends the batch down :meth:`write_batch` (initialization pending, anything unusual)."""
         init = self.init
-        if not init.done.is_set() or init.error is not None:
+        if not init.is_set() or init.error is not None:
             return False
         session = self.session
         core = self.path.core
