@@ -14,7 +14,15 @@ from typing import Any
 
 import anyio
 import pytest
-from dsh.session_persistence import Host, MemoryBackend, MemoryStore, PersistenceCoordinator, SessionStore
+from dsh.session_persistence import (
+    Host,
+    MemoryBackend,
+    MemoryStore,
+    PersistenceCoordinator,
+    SessionPersistenceError,
+    SessionStore,
+)
+from dsh.session_persistence._coordinator.state import Outcome
 from dsh.session_persistence.backend import StorageMetadata
 from dsh.session_persistence.events import SessionEvent
 
@@ -107,3 +115,36 @@ async def test_an_in_flight_live_commit_holds_five_tracked_objects() -> None:
         store.dispose(session)
     names = sorted(type(o).__name__ for o in held)
     assert len(held) == TRACKED_PER_WRITE, names
+
+
+def _kept(outcome: Outcome) -> list[object]:
+    """The tracked objects ``outcome`` refers to (its class aside)."""
+    return [o for o in gc.get_referents(outcome) if gc.is_tracked(o) and o is not Outcome]
+
+
+async def test_a_settled_outcome_keeps_no_event_whether_or_not_it_was_waited_on() -> None:
+    """A live session keeps its initialization's outcome for its whole life: once settled it holds no tracked
+    object (no event), and it still wakes a waiter that came first and raises its error to one that comes after."""
+    quiet = Outcome()
+    quiet.settle()
+    assert _kept(quiet) == []
+    await quiet.wait()
+
+    failed = Outcome()
+    woken: list[str] = []
+
+    async def waiter() -> None:
+        await failed.wait_settled()
+        woken.append("woken")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        assert not failed.is_set()
+        error = SessionPersistenceError("refused")
+        failed.settle(error)
+    assert woken == ["woken"]
+    assert failed.is_set()
+    assert _kept(failed) == [error]
+    with pytest.raises(SessionPersistenceError, match="refused"):
+        await failed.wait()
