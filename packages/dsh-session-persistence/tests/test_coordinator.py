@@ -138,7 +138,7 @@ def maps_empty(p: PersistenceCoordinator) -> bool:
 async def settle_retirements(p: PersistenceCoordinator) -> None:
     with anyio.fail_after(LIMIT):
         while p._retirements:
-            await next(iter(p._retirements.values())).done.wait()
+            await next(iter(p._retirements.values())).wait_settled()
         await anyio.wait_all_tasks_blocked()
 
 
@@ -868,7 +868,7 @@ async def test_89_successor_retirement_replaces_the_record_and_nothing_stale_is_
             finally:
                 gate.set()
         await settle_retirements(r.persistence)
-        assert record.done.is_set()
+        assert record.is_set()
         assert isinstance(reading["error"], SessionNotFoundError)
         assert maps_empty(r.persistence)
         assert await r.persistence.list() == []

@@ -372,16 +372,7 @@ class JsonlWrites:
         appender = HeldAppender()
         self._core._appenders[path] = appender
         self._core._leases[meta.id] = lease
-
-        def forget() -> None:
-            appender.close()
-            if self._core._appenders.get(path) is appender:
-                del self._core._appenders[path]
-            if self._core._leases.get(meta.id) is lease:
-                del self._core._leases[meta.id]
-            self._core._activity.retire(path)
-
-        lease.on_release(forget)
+        lease.on_release(_Forget(self._core, path, meta.id, appender, lease))
         return lease
 
     async def aclose(self) -> None:
@@ -391,3 +382,29 @@ class JsonlWrites:
             appender.close()
         self._core._appenders.clear()
         self._core._activity.retire_all()
+
+
+class _Forget:
+    """A writer lease's release callback: close its held appender and drop what the core keeps for it.
+
+    One tracked object for the lease's whole life (a closure over five names would be six: at 1,000 live sessions
+    they sit in the oldest generation, and every full collection traverses them).
+    """
+
+    __slots__ = ("appender", "core", "lease", "path", "session_id")
+
+    def __init__(self, core: JsonlCore, path: str, session_id: str, appender: HeldAppender, lease: JsonlWriterLease):
+        self.core = core
+        self.path = path
+        self.session_id = session_id
+        self.appender = appender
+        self.lease = lease
+
+    def __call__(self) -> None:
+        core = self.core
+        self.appender.close()
+        if core._appenders.get(self.path) is self.appender:
+            del core._appenders[self.path]
+        if core._leases.get(self.session_id) is self.lease:
+            del core._leases[self.session_id]
+        core._activity.retire(self.path)

@@ -221,15 +221,7 @@ class JsonlCore:
         called on the writer thread once it has run (``None``: durable; else the error :meth:`_write` raises).
         ``path``: the session's transcript (``_path_for(header)``, which the caller has computed already)."""
         session_id = header.id
-
-        def finished(_result: object, error: BaseException | None) -> None:
-            if isinstance(error, (OSError, MemoryError)) and not isinstance(error, SessionPersistenceError):
-                converted = _storage_error(action, error)
-                converted.__cause__ = error
-                error = converted
-            done(error)
-
-        self._writer.submit(session_id, self._durable_step, (session_id, path, func, args), finished)
+        self._writer.submit(session_id, self._durable_step, (session_id, path, func, args), _Finished(action, done))
 
     def _durable_step(self, session_id: str, path: str, func: Callable[..., _T], args: tuple[Any, ...]) -> _T:
         """On the writer: :meth:`_write`'s step between the settlement of an earlier unsynced write and the
@@ -395,6 +387,25 @@ class JsonlCore:
     def locate(self, meta: SessionHeader) -> SessionLocation:
         """Where this session's transcript lives (or would live). No I/O: works before the root exists."""
         return SessionLocation(kind="jsonl", path=self._path_for(meta))
+
+
+class _Finished:
+    """:meth:`JsonlCore._submit_write`'s writer callback: the step's error typed as :meth:`JsonlCore._write` types it,
+    then ``done``. One tracked object per write (a closure would be four: an in-flight write at 1,000 sessions
+    outlives several young-generation collections)."""
+
+    __slots__ = ("action", "done")
+
+    def __init__(self, action: str, done: Callable[[BaseException | None], None]) -> None:
+        self.action = action
+        self.done = done
+
+    def __call__(self, _result: object, error: BaseException | None) -> None:
+        if isinstance(error, (OSError, MemoryError)) and not isinstance(error, SessionPersistenceError):
+            converted = _storage_error(self.action, error)
+            converted.__cause__ = error
+            error = converted
+        self.done(error)
 
 
 def _storage_error(action: str, exc: OSError | MemoryError) -> SessionStorageError:

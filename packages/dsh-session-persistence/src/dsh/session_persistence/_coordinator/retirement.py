@@ -145,7 +145,7 @@ class Retirement(Generic[E]):
         retirements = self.core.retirements
         while retirements or self.core.chains.queues:
             if retirements:
-                await next(iter(retirements.values())).done.wait()
+                await next(iter(retirements.values())).wait_settled()
             else:
                 await self.core.chains.wait_idle_step()
 

@@ -201,20 +201,44 @@ class SessionState:
 
 
 class Outcome:
-    """A one-shot result shared by several waiters (initialization, retirement)."""
+    """A one-shot result shared by several waiters (initialization, retirement).
 
-    __slots__ = ("done", "error")
+    Its event is made only when someone waits before it is settled, and dropped once it is: a live session keeps its
+    initialization's outcome for its whole life, and at 1,000 sessions an event each (three tracked objects) is
+    oldest-generation weight every full collection traverses.
+    """
+
+    __slots__ = ("_event", "_settled", "error")
 
     def __init__(self) -> None:
-        self.done = anyio.Event()
+        self._event: anyio.Event | None = None
+        self._settled = False
         self.error: BaseException | None = None
 
     def settle(self, error: BaseException | None = None) -> None:
         self.error = error
-        self.done.set()
+        self._settled = True
+        event, self._event = self._event, None
+        if event is not None:
+            event.set()
+
+    def is_set(self) -> bool:
+        """Whether :meth:`settle` has been called (whatever its error)."""
+        return self._settled
+
+    async def wait_settled(self) -> None:
+        """Return once settled, without raising its error (a checkpoint even when already settled, as an event's
+        ``wait`` is)."""
+        if self._settled:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self._event
+        if event is None:
+            event = self._event = anyio.Event()
+        await event.wait()
 
     async def wait(self) -> None:
-        await self.done.wait()
+        await self.wait_settled()
         if self.error is not None:
             raise self.error
 
@@ -224,7 +248,7 @@ class Outcome:
         For the per-commit paths: waiting on an event that is already set still yields to the event loop once,
         and a durable write waits on its session's initialization at least twice.
         """
-        if not self.done.is_set():
+        if not self._settled:
             return False
         if self.error is not None:
             raise self.error
@@ -324,7 +348,7 @@ class CoordinatorCore:
         """Wait for a pending retirement of ``session_id`` (readers must not race its final drain)."""
         record = self.retirements.get(session_id)
         if record is not None:
-            await record.done.wait()
+            await record.wait_settled()
 
     async def hold_writer_lease(self, meta: SessionHeader) -> None:
         """Hold ``meta.id``'s writer lease until the coordinator closes (the CLI's ``repair`` is a writer even

@@ -60,13 +60,22 @@ def _identity(event: E) -> E:
 
 
 class _Write(Generic[E]):
-    """One in-flight write: the batch it took, and whether a barrier or the window started it."""
+    """One in-flight write: the batch it took, and whether a barrier or the window started it.
 
-    __slots__ = ("background", "batch")
+    It is also the sink's ``done`` callback (calling it completes the write on its controller): one tracked object
+    per write rather than a partial over a bound method. The controller's ``_active`` and ``owner`` form a cycle
+    only while the write is in flight; completing it breaks the cycle.
+    """
 
-    def __init__(self, batch: list[E], background: bool) -> None:
+    __slots__ = ("background", "batch", "owner")
+
+    def __init__(self, owner: WriteBehindController[E], batch: list[E], background: bool) -> None:
+        self.owner = owner
         self.batch = batch
         self.background = background
+
+    def __call__(self, error: BaseException | None) -> None:
+        self.owner._written(self, error)
 
 
 class BatchSink(Protocol[E]):
@@ -280,10 +289,10 @@ class WriteBehindController(Generic[E]):
         self._pending = []
         self._cancel_timer()
         self._deadline_expired = False
-        write = _Write(batch, background)
+        write = _Write(self, batch, background)
         self._active = write
         submit = self._submit
-        if submit is not None and submit(batch, partial(self._written, write)):
+        if submit is not None and submit(batch, write):
             return
         try:
             self._spawn(partial(self._run_in_task, write))
