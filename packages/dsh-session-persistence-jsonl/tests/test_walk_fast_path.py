@@ -16,9 +16,11 @@ from typing import Any
 
 import anyio
 import pytest
+import zstandard
 from dsh.session_persistence.backend import encode_event
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._format.v1 import BufferSource, encode_declared_batch, walk_declared
+from dsh.session_persistence_jsonl._format.v1_declarations import zstd_declaration
 from dsh.session_persistence_jsonl.encryption import StaticKeyProvider
 
 from ._sealed import KEY_NEW, KEY_OLD, provider
@@ -177,3 +179,41 @@ def test_the_fast_path_is_what_a_load_takes(tmp_path: Path, monkeypatch: pytest.
         _outcome(data, keys)
         # every batch but a sealed log's first (the general walk fetches its key) comes in a clean span
         assert sum(spans) == len(turn_batches(8, tokens=4)) - (keys is not None) > 5
+
+
+def test_crafted_frames_with_valid_crcs_walk_the_same_both_ways(tmp_path: Path) -> None:
+    # A frame header the fast path reads with zstd's own parser: whatever it pledges, or fails to, both walks agree.
+    data = _write(tmp_path, None, turns=2, pack_chunks=False)
+    head = data[: _pairs(data)[0][0]]
+    plaintext = b"\n".join(encode_event(e) for e in turn_batches(2, tokens=4)[0]) + b"\n"
+    count = plaintext.count(b"\n")
+    frame = zstandard.ZstdCompressor().compress(plaintext)
+    fcs_at = 5 + (0 if frame[4] & 0x20 else 1)  # single-segment frames have no window byte
+    frames = {
+        "no content size": zstandard.ZstdCompressor(write_content_size=False).compress(plaintext),
+        "a skippable frame": b"\x50\x2a\x4d\x18" + len(plaintext).to_bytes(4, "little") + plaintext,
+        "a pledge one byte short": frame[:fcs_at] + bytes([frame[fcs_at] - 1]) + frame[fcs_at + 1 :],
+        "a pledge one byte long": frame[:fcs_at] + bytes([frame[fcs_at] + 1]) + frame[fcs_at + 1 :],
+        "a dictionary id": zstandard.ZstdCompressor(
+            dict_data=zstandard.ZstdCompressionDict(b"dictionary " * 64, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        ).compress(plaintext),
+        "a header cut short": frame[:fcs_at],
+        "not a frame": plaintext,
+    }
+    for name, bad in frames.items():
+        assert _same(head + zstd_declaration(0, count, bad) + bad, None)[0] == "error", name
+    good = head + zstd_declaration(0, count, frame) + frame
+    assert _same(good, None)[0] != "error"
+    _same(head + zstd_declaration(0, count, frame + frame) + frame + frame, None)  # bytes after the frame
+    for cap in (len(plaintext) - 1, len(plaintext)):  # the cap on what a frame pledges, at the boundary
+        fast = _capped(good, cap)
+        assert fast == _capped(bytearray(good), cap)
+        assert (fast[0] == "error") is (cap < len(plaintext)), cap
+
+
+def _capped(data: bytes | bytearray, cap: int) -> tuple[Any, ...]:
+    try:
+        log = walk_declared(BufferSource(data), "zstd", "<log>", cap)  # type: ignore[arg-type]
+    except Exception as exc:
+        return ("error", type(exc), str(exc))
+    return ([encode_event(e) for e in log.events], log.committed_end)

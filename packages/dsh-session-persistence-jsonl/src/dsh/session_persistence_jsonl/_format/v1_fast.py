@@ -4,7 +4,8 @@ A load walks hundreds of small batches; the general walk spends more on its per-
 object, a seal parsed into copies, a call per step) than on the batch's own decompress and decode. :func:`clean_span`
 walks an in-memory zstd transcript's batches in a few loops and takes a batch only when *every* rule of the general
 walk holds for it (declaration shape and own CRC, count, seq, length within the cap and the file, data CRC, a seal
-well-formed and opened under a key the walk already holds, the frame's pledged size within the cap and met, the
+well-formed and opened under a key the walk already holds, the frame's pledged size (read by zstd's own header
+parser) within the cap and met, the
 lines decoding to exactly the declared events, contiguous). At the first batch where anything is off it stops
 and the general walk takes that batch from its first byte, so every error, torn-tail decision and text comes from
 one place; a span is the same events, plaintexts and ends the general walk would give, only cheaper.
@@ -26,7 +27,6 @@ import zstandard
 from dsh.session_persistence.backend import SessionEvent, StorageLineError, decode_stored_batch
 from dsh.session_persistence.encryption import open_sealed_many
 
-from .bounded import _FCS_BYTES
 from .sealed import NONCE_BYTES, SEAL_FRAME_MAGIC, TAG_BYTES, BatchSeal
 from .v1_declarations import _ZSTD_FIXED_INT, _ZSTD_WHOLE, ZSTD_DECLARATION_SIZE
 
@@ -39,8 +39,7 @@ _crc32 = zlib.crc32
 _LF = 0x0A
 _AEAD_CODE = 1
 _SEAL_MIN = 10 + NONCE_BYTES + TAG_BYTES + 1
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_DID_BYTES = (0, 1, 2, 4)  # dictionary id field width, by the frame header descriptor's low two bits
+_content_size = zstandard.frame_content_size
 
 
 class Walk(Protocol):
@@ -113,22 +112,6 @@ def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) ->
     return [] if key is None else open_sealed_many(key, seals)
 
 
-def _pledged(buf: bytes, at: int, end: int) -> int | None:
-    """:func:`~.bounded._content_size` of the frame at ``buf[at:end]``, read in place (same answer, no slice)."""
-    if end - at < 6 or not buf.startswith(_ZSTD_MAGIC, at):
-        return None
-    fhd = buf[at + 4]
-    single = fhd & 0x20
-    width = _FCS_BYTES[fhd >> 6] or (1 if single else 0)
-    if width == 0:
-        return None
-    start = at + 5 + (0 if single else 1) + _DID_BYTES[fhd & 0x03]
-    if end < start + width:
-        return None
-    size = int.from_bytes(buf[start : start + width], "little")
-    return size + 256 if width == 2 else size
-
-
 def clean_span(
     buf: bytes,
     view: memoryview,
@@ -145,21 +128,23 @@ def clean_span(
     ``walk`` gives the cap, the seal and the decompressor; the plaintexts are kept only with ``keep_texts``."""
     cap, seal, dctx = walk.cap, walk.seal, walk.dctx
     declared = _declared(buf, view, pos, stop, expected, from_seq, cap)
-    frames: Sequence[tuple[bytes, int, int]]  # each frame as (buffer, start, end): in place, or an opened seal
+    frames: Sequence[bytes | memoryview]  # each batch's frame: a view of the read buffer, or an opened seal
     if seal is None:
-        frames = [(buf, start, end) for _first, _count, start, end in declared]
+        frames = [view[start:end] for _first, _count, start, end in declared]
     else:
-        frames = [(inner, 0, len(inner)) for inner in _opened(seal, buf, view, declared)]
+        frames = _opened(seal, buf, view, declared)
     batches: list[Sequence[SessionEvent]] = []
     ends: list[int] = []
     plaintexts: list[bytes] = []
-    for (first_seq, count, _start, end), (frame, at, stop_at) in zip(declared, frames, strict=False):
-        pledged = _pledged(frame, at, stop_at)
-        if pledged is None or not 0 < pledged <= cap:
-            break
+    decompress = dctx.decompress
+    for (first_seq, count, _start, end), frame in zip(declared, frames, strict=False):
         try:
-            plaintext = dctx.decompress(view[at:stop_at] if frame is buf else frame)
-        except zstandard.ZstdError:
+            # What the frame header pledges (-1: no size, 0: a skippable frame): checked before a byte is inflated.
+            pledged = _content_size(frame)
+            if not 0 < pledged <= cap:
+                break
+            plaintext = decompress(frame)
+        except zstandard.ZstdError:  # not a frame header, or a frame that does not decompress
             break
         if len(plaintext) != pledged or plaintext[-1] != _LF:
             break
