@@ -20,7 +20,7 @@ import zstandard
 from dsh.session_persistence.backend import encode_event
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._format.v1 import BufferSource, encode_declared_batch, walk_declared
-from dsh.session_persistence_jsonl._format.v1_declarations import zstd_declaration
+from dsh.session_persistence_jsonl._format.v1_declarations import parse_zstd_declaration, zstd_declaration
 from dsh.session_persistence_jsonl.encryption import StaticKeyProvider
 
 from ._sealed import KEY_NEW, KEY_OLD, provider
@@ -217,3 +217,28 @@ def _capped(data: bytes | bytearray, cap: int) -> tuple[Any, ...]:
     except Exception as exc:
         return ("error", type(exc), str(exc))
     return ([encode_event(e) for e in log.events], log.committed_end)
+
+
+def test_crafted_seals_with_valid_crcs_walk_the_same_both_ways(tmp_path: Path) -> None:
+    # A later seal of a span whose header breaks a rule the CRC cannot catch (the batch was declared as it is).
+    keys = provider()
+    data = _write(tmp_path, keys, turns=3)
+    pairs = _pairs(data)
+    assert len(pairs) >= 3
+    start, end = pairs[2]  # a seal after the span's first: the one its key id is taken from
+    decl = parse_zstd_declaration(data[start : start + 32])
+    seal = data[start + 32 : end]
+    id_length = seal[9]
+    variants = {
+        "a length one more": seal[:4] + (len(seal) - 7).to_bytes(4, "little") + seal[8:],
+        "a length one less": seal[:4] + (len(seal) - 9).to_bytes(4, "little") + seal[8:],
+        "another AEAD code": seal[:8] + b"\x02" + seal[9:],
+        "a longer key id": seal[:9] + bytes([id_length + 1]) + seal[10:],
+        "another key id": seal[:10] + bytes([seal[10] ^ 0x01]) + seal[11:],
+        "no final LF": seal[:-1] + b" ",
+        "another magic": bytes([seal[0] ^ 0x01]) + seal[1:],
+        "cut before its tag": seal[: 10 + id_length + 12 + 8] + b"\n",
+    }
+    for name, bad in variants.items():
+        crafted = data[:start] + zstd_declaration(decl.first_seq, decl.count, bad) + bad + data[end:]
+        assert _same(crafted, keys)[0] == "error", name

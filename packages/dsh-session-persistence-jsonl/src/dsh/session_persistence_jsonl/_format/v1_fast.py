@@ -88,27 +88,39 @@ def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) ->
     is under a key id other than the first's or one the walk has not fetched yet, or fails authentication.
 
     Read in place: the nonces and ciphertexts are views of the read buffer (only key ids are copied out)."""
-    key_id: bytes | None = None
+    if not batches:
+        return []
     seals: list[tuple[memoryview, memoryview, bytes]] = []
     append = seals.append
     startswith = buf.startswith
     associated = struct.Struct(f"<{len(seal.log_part)}sQI").pack  # what every seal of the log shares, then its own
     log_part = seal.log_part
-    for first_seq, count, start, end in batches:
-        if end - start < _SEAL_MIN or not startswith(SEAL_FRAME_MAGIC, start) or buf[end - 1] != _LF:
+    # The first seal, field by field: it names the key id every seal after it must carry.
+    first_seq, count, start, end = batches[0]
+    if end - start < _SEAL_MIN or not startswith(SEAL_FRAME_MAGIC, start) or buf[end - 1] != _LF:
+        return []
+    if _u32(buf, start + 4)[0] != end - start - 8 or buf[start + 8] != _AEAD_CODE:
+        return []
+    id_end = start + 10 + buf[start + 9]
+    nonce_end = id_end + NONCE_BYTES
+    if end < nonce_end + TAG_BYTES + 1:
+        return []
+    key_id = buf[start + 10 : id_end]
+    append((view[id_end:nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
+    # Every later seal: the same fields (magic, the length after them, the AEAD code, the same key id) compared in
+    # one step against the header such a seal has; the nonce and ciphertext then sit at fixed offsets.
+    header = struct.Struct(f"<4sIBB{len(key_id)}s").pack
+    fixed = 10 + len(key_id)  # header bytes before the nonce
+    least = fixed + NONCE_BYTES + TAG_BYTES + 1
+    for first_seq, count, start, end in batches[1:]:
+        size = end - start
+        if size < least or buf[end - 1] != _LF:
             break
-        if _u32(buf, start + 4)[0] != end - start - 8 or buf[start + 8] != _AEAD_CODE:
-            break
-        id_end = start + 10 + buf[start + 9]
-        nonce_end = id_end + NONCE_BYTES
-        if end < nonce_end + TAG_BYTES + 1:
-            break
-        if key_id is None:
-            key_id = buf[start + 10 : id_end]
-        elif buf[start + 9] != len(key_id) or not startswith(key_id, start + 10):
-            break  # another key id: the general walk (which fetches keys) takes it from here
-        append((view[id_end:nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
-    key = None if key_id is None else seal.fetched_key(key_id.decode("ascii", "replace"))
+        if not startswith(header(SEAL_FRAME_MAGIC, size - 8, _AEAD_CODE, len(key_id), key_id), start):
+            break  # not well formed, or another key id: the general walk (which fetches keys) takes it from here
+        nonce_end = start + fixed + NONCE_BYTES
+        append((view[start + fixed : nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
+    key = seal.fetched_key(key_id.decode("ascii", "replace"))
     return [] if key is None else open_sealed_many(key, seals)
 
 
