@@ -5,10 +5,10 @@ object, a seal parsed into copies, a call per step) than on the batch's own deco
 walks an in-memory zstd transcript's batches in a few loops and takes a batch only when *every* rule of the general
 walk holds for it (declaration shape and own CRC, count, seq, length within the cap and the file, data CRC, a seal
 well-formed and opened under a key the walk already holds, the frame's pledged size (read by zstd's own header
-parser) within the cap and met, the
-lines decoding to exactly the declared events, contiguous). At the first batch where anything is off it stops
-and the general walk takes that batch from its first byte, so every error, torn-tail decision and text comes from
-one place; a span is the same events, plaintexts and ends the general walk would give, only cheaper.
+parser) within the cap and met, the lines decoding to exactly the declared events, contiguous). At the first batch
+where anything is off it stops and the general walk takes that batch from its first byte, so every error, torn-tail
+decision and text comes from one place; a span is the same events, plaintexts and ends the general walk would give,
+only cheaper.
 
 A span's seals are parsed in place (slices of the read buffer, no copy) and opened in one pass
 (:func:`~dsh.session_persistence.encryption.open_sealed_many`) under the key the walk already fetched for their key
@@ -87,7 +87,8 @@ def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) ->
     """The inner frames of ``batches`` (sealed), opened in one pass, up to the first whose seal is not well formed,
     is under a key id other than the first's or one the walk has not fetched yet, or fails authentication.
 
-    Read in place: the nonces and ciphertexts are views of the read buffer (only key ids are copied out)."""
+    Read in place: the nonces and ciphertexts are views of the read buffer (only key ids are copied out). The first
+    seal is parsed field by field; each later one is compared in one step with the header it must then have."""
     if not batches:
         return []
     seals: list[tuple[memoryview, memoryview, bytes]] = []
