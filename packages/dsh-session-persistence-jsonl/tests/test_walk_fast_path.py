@@ -16,9 +16,11 @@ from typing import Any
 
 import anyio
 import pytest
+import zstandard
 from dsh.session_persistence.backend import encode_event
 from dsh.session_persistence_jsonl import JsonlBackend
 from dsh.session_persistence_jsonl._format.v1 import BufferSource, encode_declared_batch, walk_declared
+from dsh.session_persistence_jsonl._format.v1_declarations import parse_zstd_declaration, zstd_declaration
 from dsh.session_persistence_jsonl.encryption import StaticKeyProvider
 
 from ._sealed import KEY_NEW, KEY_OLD, provider
@@ -177,3 +179,66 @@ def test_the_fast_path_is_what_a_load_takes(tmp_path: Path, monkeypatch: pytest.
         _outcome(data, keys)
         # every batch but a sealed log's first (the general walk fetches its key) comes in a clean span
         assert sum(spans) == len(turn_batches(8, tokens=4)) - (keys is not None) > 5
+
+
+def test_crafted_frames_with_valid_crcs_walk_the_same_both_ways(tmp_path: Path) -> None:
+    # A frame header the fast path reads with zstd's own parser: whatever it pledges, or fails to, both walks agree.
+    data = _write(tmp_path, None, turns=2, pack_chunks=False)
+    head = data[: _pairs(data)[0][0]]
+    plaintext = b"\n".join(encode_event(e) for e in turn_batches(2, tokens=4)[0]) + b"\n"
+    count = plaintext.count(b"\n")
+    frame = zstandard.ZstdCompressor().compress(plaintext)
+    fcs_at = 5 + (0 if frame[4] & 0x20 else 1)  # single-segment frames have no window byte
+    frames = {
+        "no content size": zstandard.ZstdCompressor(write_content_size=False).compress(plaintext),
+        "a skippable frame": b"\x50\x2a\x4d\x18" + len(plaintext).to_bytes(4, "little") + plaintext,
+        "a pledge one byte short": frame[:fcs_at] + bytes([frame[fcs_at] - 1]) + frame[fcs_at + 1 :],
+        "a pledge one byte long": frame[:fcs_at] + bytes([frame[fcs_at] + 1]) + frame[fcs_at + 1 :],
+        "a dictionary id": zstandard.ZstdCompressor(
+            dict_data=zstandard.ZstdCompressionDict(b"dictionary " * 64, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        ).compress(plaintext),
+        "a header cut short": frame[:fcs_at],
+        "not a frame": plaintext,
+    }
+    for name, bad in frames.items():
+        assert _same(head + zstd_declaration(0, count, bad) + bad, None)[0] == "error", name
+    good = head + zstd_declaration(0, count, frame) + frame
+    assert _same(good, None)[0] != "error"
+    _same(head + zstd_declaration(0, count, frame + frame) + frame + frame, None)  # bytes after the frame
+    for cap in (len(plaintext) - 1, len(plaintext)):  # the cap on what a frame pledges, at the boundary
+        fast = _capped(good, cap)
+        assert fast == _capped(bytearray(good), cap)
+        assert (fast[0] == "error") is (cap < len(plaintext)), cap
+
+
+def _capped(data: bytes | bytearray, cap: int) -> tuple[Any, ...]:
+    try:
+        log = walk_declared(BufferSource(data), "zstd", "<log>", cap)  # type: ignore[arg-type]
+    except Exception as exc:
+        return ("error", type(exc), str(exc))
+    return ([encode_event(e) for e in log.events], log.committed_end)
+
+
+def test_crafted_seals_with_valid_crcs_walk_the_same_both_ways(tmp_path: Path) -> None:
+    # A later seal of a span whose header breaks a rule the CRC cannot catch (the batch was declared as it is).
+    keys = provider()
+    data = _write(tmp_path, keys, turns=3)
+    pairs = _pairs(data)
+    assert len(pairs) >= 3
+    start, end = pairs[2]  # a seal after the span's first: the one its key id is taken from
+    decl = parse_zstd_declaration(data[start : start + 32])
+    seal = data[start + 32 : end]
+    id_length = seal[9]
+    variants = {
+        "a length one more": seal[:4] + (len(seal) - 7).to_bytes(4, "little") + seal[8:],
+        "a length one less": seal[:4] + (len(seal) - 9).to_bytes(4, "little") + seal[8:],
+        "another AEAD code": seal[:8] + b"\x02" + seal[9:],
+        "a longer key id": seal[:9] + bytes([id_length + 1]) + seal[10:],
+        "another key id": seal[:10] + bytes([seal[10] ^ 0x01]) + seal[11:],
+        "no final LF": seal[:-1] + b" ",
+        "another magic": bytes([seal[0] ^ 0x01]) + seal[1:],
+        "cut before its tag": seal[: 10 + id_length + 12 + 8] + b"\n",
+    }
+    for name, bad in variants.items():
+        crafted = data[:start] + zstd_declaration(decl.first_seq, decl.count, bad) + bad + data[end:]
+        assert _same(crafted, keys)[0] == "error", name

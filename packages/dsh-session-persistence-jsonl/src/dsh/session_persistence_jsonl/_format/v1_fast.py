@@ -4,10 +4,11 @@ A load walks hundreds of small batches; the general walk spends more on its per-
 object, a seal parsed into copies, a call per step) than on the batch's own decompress and decode. :func:`clean_span`
 walks an in-memory zstd transcript's batches in a few loops and takes a batch only when *every* rule of the general
 walk holds for it (declaration shape and own CRC, count, seq, length within the cap and the file, data CRC, a seal
-well-formed and opened under a key the walk already holds, the frame's pledged size within the cap and met, the
-lines decoding to exactly the declared events, contiguous). At the first batch where anything is off it stops
-and the general walk takes that batch from its first byte, so every error, torn-tail decision and text comes from
-one place; a span is the same events, plaintexts and ends the general walk would give, only cheaper.
+well-formed and opened under a key the walk already holds, the frame's pledged size (read by zstd's own header
+parser) within the cap and met, the lines decoding to exactly the declared events, contiguous). At the first batch
+where anything is off it stops and the general walk takes that batch from its first byte, so every error, torn-tail
+decision and text comes from one place; a span is the same events, plaintexts and ends the general walk would give,
+only cheaper.
 
 A span's seals are parsed in place (slices of the read buffer, no copy) and opened in one pass
 (:func:`~dsh.session_persistence.encryption.open_sealed_many`) under the key the walk already fetched for their key
@@ -26,7 +27,6 @@ import zstandard
 from dsh.session_persistence.backend import SessionEvent, StorageLineError, decode_stored_batch
 from dsh.session_persistence.encryption import open_sealed_many
 
-from .bounded import _FCS_BYTES
 from .sealed import NONCE_BYTES, SEAL_FRAME_MAGIC, TAG_BYTES, BatchSeal
 from .v1_declarations import _ZSTD_FIXED_INT, _ZSTD_WHOLE, ZSTD_DECLARATION_SIZE
 
@@ -39,8 +39,7 @@ _crc32 = zlib.crc32
 _LF = 0x0A
 _AEAD_CODE = 1
 _SEAL_MIN = 10 + NONCE_BYTES + TAG_BYTES + 1
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_DID_BYTES = (0, 1, 2, 4)  # dictionary id field width, by the frame header descriptor's low two bits
+_content_size = zstandard.frame_content_size
 
 
 class Walk(Protocol):
@@ -88,45 +87,42 @@ def _opened(seal: BatchSeal, buf: bytes, view: memoryview, batches: Declared) ->
     """The inner frames of ``batches`` (sealed), opened in one pass, up to the first whose seal is not well formed,
     is under a key id other than the first's or one the walk has not fetched yet, or fails authentication.
 
-    Read in place: the nonces and ciphertexts are views of the read buffer (only key ids are copied out)."""
-    key_id: bytes | None = None
+    Read in place: the nonces and ciphertexts are views of the read buffer (only key ids are copied out). The first
+    seal is parsed field by field; each later one is compared in one step with the header it must then have."""
+    if not batches:
+        return []
     seals: list[tuple[memoryview, memoryview, bytes]] = []
     append = seals.append
     startswith = buf.startswith
     associated = struct.Struct(f"<{len(seal.log_part)}sQI").pack  # what every seal of the log shares, then its own
     log_part = seal.log_part
-    for first_seq, count, start, end in batches:
-        if end - start < _SEAL_MIN or not startswith(SEAL_FRAME_MAGIC, start) or buf[end - 1] != _LF:
+    # The first seal, field by field: it names the key id every seal after it must carry.
+    first_seq, count, start, end = batches[0]
+    if end - start < _SEAL_MIN or not startswith(SEAL_FRAME_MAGIC, start) or buf[end - 1] != _LF:
+        return []
+    if _u32(buf, start + 4)[0] != end - start - 8 or buf[start + 8] != _AEAD_CODE:
+        return []
+    id_end = start + 10 + buf[start + 9]
+    nonce_end = id_end + NONCE_BYTES
+    if end < nonce_end + TAG_BYTES + 1:
+        return []
+    key_id = buf[start + 10 : id_end]
+    append((view[id_end:nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
+    # Every later seal: the same fields (magic, the length after them, the AEAD code, the same key id) compared in
+    # one step against the header such a seal has; the nonce and ciphertext then sit at fixed offsets.
+    header = struct.Struct(f"<4sIBB{len(key_id)}s").pack
+    fixed = 10 + len(key_id)  # header bytes before the nonce
+    least = fixed + NONCE_BYTES + TAG_BYTES + 1
+    for first_seq, count, start, end in batches[1:]:
+        size = end - start
+        if size < least or buf[end - 1] != _LF:
             break
-        if _u32(buf, start + 4)[0] != end - start - 8 or buf[start + 8] != _AEAD_CODE:
-            break
-        id_end = start + 10 + buf[start + 9]
-        nonce_end = id_end + NONCE_BYTES
-        if end < nonce_end + TAG_BYTES + 1:
-            break
-        if key_id is None:
-            key_id = buf[start + 10 : id_end]
-        elif buf[start + 9] != len(key_id) or not startswith(key_id, start + 10):
-            break  # another key id: the general walk (which fetches keys) takes it from here
-        append((view[id_end:nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
-    key = None if key_id is None else seal.fetched_key(key_id.decode("ascii", "replace"))
+        if not startswith(header(SEAL_FRAME_MAGIC, size - 8, _AEAD_CODE, len(key_id), key_id), start):
+            break  # not well formed, or another key id: the general walk (which fetches keys) takes it from here
+        nonce_end = start + fixed + NONCE_BYTES
+        append((view[start + fixed : nonce_end], view[nonce_end : end - 1], associated(log_part, first_seq, count)))
+    key = seal.fetched_key(key_id.decode("ascii", "replace"))
     return [] if key is None else open_sealed_many(key, seals)
-
-
-def _pledged(buf: bytes, at: int, end: int) -> int | None:
-    """:func:`~.bounded._content_size` of the frame at ``buf[at:end]``, read in place (same answer, no slice)."""
-    if end - at < 6 or not buf.startswith(_ZSTD_MAGIC, at):
-        return None
-    fhd = buf[at + 4]
-    single = fhd & 0x20
-    width = _FCS_BYTES[fhd >> 6] or (1 if single else 0)
-    if width == 0:
-        return None
-    start = at + 5 + (0 if single else 1) + _DID_BYTES[fhd & 0x03]
-    if end < start + width:
-        return None
-    size = int.from_bytes(buf[start : start + width], "little")
-    return size + 256 if width == 2 else size
 
 
 def clean_span(
@@ -145,21 +141,23 @@ def clean_span(
     ``walk`` gives the cap, the seal and the decompressor; the plaintexts are kept only with ``keep_texts``."""
     cap, seal, dctx = walk.cap, walk.seal, walk.dctx
     declared = _declared(buf, view, pos, stop, expected, from_seq, cap)
-    frames: Sequence[tuple[bytes, int, int]]  # each frame as (buffer, start, end): in place, or an opened seal
+    frames: Sequence[bytes | memoryview]  # each batch's frame: a view of the read buffer, or an opened seal
     if seal is None:
-        frames = [(buf, start, end) for _first, _count, start, end in declared]
+        frames = [view[start:end] for _first, _count, start, end in declared]
     else:
-        frames = [(inner, 0, len(inner)) for inner in _opened(seal, buf, view, declared)]
+        frames = _opened(seal, buf, view, declared)
     batches: list[Sequence[SessionEvent]] = []
     ends: list[int] = []
     plaintexts: list[bytes] = []
-    for (first_seq, count, _start, end), (frame, at, stop_at) in zip(declared, frames, strict=False):
-        pledged = _pledged(frame, at, stop_at)
-        if pledged is None or not 0 < pledged <= cap:
-            break
+    decompress = dctx.decompress
+    for (first_seq, count, _start, end), frame in zip(declared, frames, strict=False):
         try:
-            plaintext = dctx.decompress(view[at:stop_at] if frame is buf else frame)
-        except zstandard.ZstdError:
+            # What the frame header pledges (-1: no size, 0: a skippable frame): checked before a byte is inflated.
+            pledged = _content_size(frame)
+            if not 0 < pledged <= cap:
+                break
+            plaintext = decompress(frame)
+        except zstandard.ZstdError:  # not a frame header, or a frame that does not decompress
             break
         if len(plaintext) != pledged or plaintext[-1] != _LF:
             break
