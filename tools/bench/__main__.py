@@ -35,7 +35,7 @@ from bench_load import _load_child, load_section
 from bench_loop import loop_section
 from bench_peers import peer_status
 from bench_pg import _pg_writer_child, postgres_section
-from bench_reads import reads_section
+from bench_reads import reads_section, reload_figures, sealed_reload_figures
 from bench_sealed import sealed_section
 from bench_targets import print_targets, target_rows
 from bench_writes import size_section, write_section
@@ -78,8 +78,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         await loop_section(cfg, report, scratch)
         size_section(report, written)
         await load_section(cfg, report, scratch)
+        # Issue #35's reload rows again with the reads section's repetitions (section 2 reloads once per rep).
+        print("\nreads (issue #35's reload figures, beside section 2's)", flush=True)
+        await reload_figures(cfg, report, scratch, key="reads")
         if not args.no_sealed:
             await sealed_section(cfg, report, scratch)
+            await sealed_reload_figures(cfg, report, scratch, key="reads_sealed")
         await flush_section(cfg, report, scratch)
         await list_section(cfg, report, scratch)
 

@@ -224,14 +224,15 @@ async def run_cell(system_name: str, loop: str, rate: Rate, n: int, seconds: flo
                     await timed_barrier(handle)
 
         agent = realistic if rate.name == "realistic" else aggressive
-        writes0 = system.writes if isinstance(system, DshSystem) else 0
+        writes0 = system.writes if isinstance(system, DshSystem) else None
         cpu0 = _cpu_s()
         async with anyio.create_task_group() as tg:
             for index, handle in enumerate(handles):
                 tg.start_soon(agent, index, handle, begin + rate.period_s * index / n)
         elapsed = time.perf_counter() - begin
         cpu = _cpu_s() - cpu0
-        writes = system.writes - writes0 if isinstance(system, DshSystem) else None
+        writes_now = system.writes if isinstance(system, DshSystem) else None
+        writes = None if writes0 is None or writes_now is None else writes_now - writes0
     finally:
         await system.aclose()
     ordered = sorted(latencies)

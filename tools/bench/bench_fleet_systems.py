@@ -64,9 +64,11 @@ class DshSystem(System):
         self.sessions: list[Any] = []
 
     @property
-    def writes(self) -> int:
-        """Durable batch writes submitted so far (write-behind windows and barriers alike)."""
-        return self.backend.writes
+    def writes(self) -> int | None:
+        """Durable batch writes submitted so far (write-behind windows and barriers alike); ``None`` for a backend
+        that does not count them (the PostgreSQL cells' system, :mod:`bench_fleet_pg`)."""
+        count = getattr(self.backend, "writes", None)
+        return count if isinstance(count, int) else None
 
     async def start(self) -> None:
         await self.coordinator.__aenter__()

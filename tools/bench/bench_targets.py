@@ -105,13 +105,15 @@ def target_rows(figures: dict[str, Any]) -> list[Target]:
             ratios.get(f"{loop}/aggressive/n=1000 dsh/floor served"),
             lambda v: v >= 1,
         )
-    add("#35 reload dsh/raw decode", "<= 1.2 (goal 1.0)", _get(figures, *commit, "reload_dsh_vs_raw"), _le(1.2))
+    # The reads figures (``--reads-only``, or a full run's reads rows) have 4x the reloads of section 2's: preferred.
+    reads = ("reads", "ratio") if "reads" in figures else commit
+    add("#35 reload dsh/raw decode", "<= 1.2 (goal 1.0)", _get(figures, *reads, "reload_dsh_vs_raw"), _le(1.2))
     for size in ("10MB", "100MB"):
         add(f"#35 load dsh/raw at {size}", ">= 0.8", _get(figures, "load", size, "ratio"), lambda v: v >= 0.8)
     add(
         "#35 sealed JSONL reload / plaintext",
         "<= 1.15",
-        _get(figures, "sealed", "ratio", "reload_sealed_vs_plaintext"),
+        _get(figures, "reads_sealed" if "reads_sealed" in figures else "sealed", "ratio", "reload_sealed_vs_plaintext"),
         _le(1.15),
     )
     add(
@@ -123,7 +125,7 @@ def target_rows(figures: dict[str, Any]) -> list[Target]:
     add(
         "#35 resume after a preview / cold reload",
         "<= 0.2",
-        _get(figures, *commit, "resume_after_preview_vs_reload"),
+        _get(figures, *reads, "resume_after_preview_vs_reload"),
         _le(0.2),
     )
     stream_rss = _get(figures, "big", "stream", "peak_rss")

@@ -135,6 +135,14 @@ def test_skipped_postgres_is_reported_unavailable_not_zero(figures: dict[str, An
     assert "postgres" not in figures["load"]["100MB"]["mb_per_s"]
 
 
+def test_a_full_run_also_measures_the_reads_rows(figures: dict[str, Any]) -> None:
+    # Issue #35's reloads with the reads section's repetitions, beside section 2's and section 11's own figures.
+    assert _positive(figures["reads"]["ratio"]["reload_dsh_vs_raw"])
+    assert _positive(figures["reads"]["ratio"]["resume_after_preview_vs_reload"])
+    assert _positive(figures["reads_sealed"]["ratio"]["reload_sealed_vs_plaintext"])
+    assert _positive(figures["commit"]["ratio"]["reload_dsh_vs_raw"])  # section 2's own, kept
+
+
 def test_agent_loop_reports_persistence_per_turn_for_both_backends(figures: dict[str, Any]) -> None:
     # A difference of two timings: its sign is the machine's business, so only its presence and type are checked.
     for key in ("persistence_ms_per_turn", "persistence_cpu_ms_per_turn"):
