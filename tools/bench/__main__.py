@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -74,9 +75,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f["table"] = [list(r) for r in report.rows]
             return f
         written = await write_section(args, cfg, report, scratch)
+        # Section 1's peers leave hundreds of MB of dirty pages (LangGraph alone ~0.5 GB); their writeback should not
+        # overlap the timed sections that follow. (Session 11's full run trailed its section runs: reload 1.42 vs
+        # 1.15, 10 MB load 0.72 vs 0.84. This writeback is one suspect, not a proven cause.)
+        settle_disk()
         await commit_section(args, cfg, report, scratch)
         await loop_section(cfg, report, scratch)
         size_section(report, written)
+        settle_disk()
         await load_section(cfg, report, scratch)
         # Issue #35's reload rows again with the reads section's repetitions (section 2 reloads once per rep).
         print("\nreads (issue #35's reload figures, beside section 2's)", flush=True)
@@ -108,6 +114,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         print_targets(rows)
         f["targets"] = [{"figure": r.figure, "target": r.target, "value": r.value, "verdict": r.verdict} for r in rows]
     return f
+
+
+def settle_disk() -> None:
+    """Write back every dirty page now (``sync``), so a section's own writes are not paid for by the next one."""
+    os.sync()
 
 
 def run_fleet(args: argparse.Namespace, report: Report, scratch: str) -> None:
