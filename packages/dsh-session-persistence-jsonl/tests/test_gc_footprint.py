@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any
 
 import pytest
-from dsh.session_persistence.testing import meta
+from dsh.session_persistence.testing import meta, tracked_reachable
 from dsh.session_persistence_jsonl import JsonlBackend
 
 pytestmark = pytest.mark.anyio
@@ -20,21 +19,6 @@ pytestmark = pytest.mark.anyio
 #: The lease, its lock, its release-callback list, the one release callback and the held appender with its lock. A
 #: closure as the release callback would be 6 more (function, cell tuple, five cells).
 TRACKED_PER_LEASE = 6
-
-
-def _new_tracked_reachable(root: object, old: set[int]) -> list[object]:
-    """Tracked objects reachable from ``root`` through objects not in ``old`` (those made since the snapshot)."""
-    found: list[object] = []
-    seen: set[int] = set()
-    stack: list[Any] = [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or id(obj) in old or not gc.is_tracked(obj):
-            continue
-        seen.add(id(obj))
-        found.append(obj)
-        stack.extend(gc.get_referents(obj))
-    return found
 
 
 async def test_a_held_writer_lease_keeps_an_exact_number_of_tracked_objects(tmp_path: Path) -> None:
@@ -47,7 +31,7 @@ async def test_a_held_writer_lease_keeps_an_exact_number_of_tracked_objects(tmp_
         snapshot = gc.get_objects()  # kept alive to the end: no id of it is reused meanwhile
         old = {id(o) for o in snapshot} | {id(snapshot)}
         lease = await backend.acquire_writer_lease(header)
-        kept = _new_tracked_reachable(lease, old)
+        kept = tracked_reachable(lease, old)
         del snapshot
     finally:
         if enabled:

@@ -25,6 +25,7 @@ from dsh.session_persistence import (
 from dsh.session_persistence._coordinator.state import Outcome
 from dsh.session_persistence.backend import StorageMetadata
 from dsh.session_persistence.events import SessionEvent
+from dsh.session_persistence.testing import tracked_reachable
 
 pytestmark = pytest.mark.anyio
 
@@ -63,21 +64,6 @@ class _HeldBackend(MemoryBackend):
             super().submit_append_batch(storage, events, is_materialized, done)
 
 
-def _new_tracked_reachable(root: object, old: set[int]) -> list[object]:
-    """Tracked objects reachable from ``root`` through objects not in ``old`` (those made since the snapshot)."""
-    found: list[object] = []
-    seen: set[int] = set()
-    stack: list[Any] = [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or id(obj) in old or not gc.is_tracked(obj):
-            continue
-        seen.add(id(obj))
-        found.append(obj)
-        stack.extend(gc.get_referents(obj))
-    return found
-
-
 def _chunk(session: Any, text: str) -> None:
     session.append("assistant/chunk", {"turn": 1, "step": 1, "chunk": {"type": "text-delta", "index": 0, "text": text}})
 
@@ -106,7 +92,7 @@ async def test_an_in_flight_live_commit_holds_five_tracked_objects() -> None:
                     await anyio.lowlevel.checkpoint()
                 (_, events, _, done) = backend.held[0]
                 assert [e.type for e in events] == ["assistant/chunk"]
-                held = _new_tracked_reachable(done, old)
+                held = tracked_reachable(done, old)
                 backend.release()
             del snapshot
         finally:

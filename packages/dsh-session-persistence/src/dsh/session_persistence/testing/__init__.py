@@ -18,7 +18,7 @@ from ._crash_states import CrashStateReport, Recording, check_crash_states, reco
 from ._crash_trace import CrashState, TraceRecord, crash_states, read_trace
 from ._faults import FaultInjectingBackend, InjectedFault
 from ._hypothesis import use_noisy_machine_profile
-from ._ledger import CostLedger
+from ._ledger import CostLedger, tracked_reachable
 from ._logs import (
     OTHER,
     WORK,
@@ -134,6 +134,7 @@ __all__ = [
     "step_start",
     "tool_call",
     "turn_end",
+    "tracked_reachable",
     "turn_start",
     "use_noisy_machine_profile",
     "user_message",
